@@ -1,0 +1,90 @@
+-- counters.lua: the per-base-queue CK counters (B:ckqueued, B:ckrunning).
+-- Each counter is seeded from the truth the first time a CK operation finds it
+-- missing (SET ... EX COUNTER_TTL, never extended), always BEFORE the membership
+-- change it accompanies, and then moved by +1/-1 only when ZADD/ZREM/SADD/SREM
+-- actually changed membership. Decrements floor at 0.
+
+local function ck_queued_seed(B)
+  local key = B .. ':ckqueued'
+  local value = redis.call('GET', key)
+  if value then return tonumber(value) end
+  local total = 0
+  for _, ck in ipairs(redis.call('ZRANGE', B .. ':ckindex', 0, -1)) do
+    total = total + redis.call('ZCARD', variant_queued_key(B, ck))
+  end
+  redis.call('SET', key, total, 'EX', COUNTER_TTL)
+  return total
+end
+
+local function ck_running_seed(B)
+  local key = B .. ':ckrunning'
+  local value = redis.call('GET', key)
+  if value then return tonumber(value) end
+  local total = 0
+  for _, ck in ipairs(redis.call('SMEMBERS', B .. ':ckbusy')) do
+    total = total + redis.call('SCARD', variant_inflight_key(B, ck))
+  end
+  redis.call('SET', key, total, 'EX', COUNTER_TTL)
+  return total
+end
+
+local function counter_add(key, delta)
+  if delta > 0 then
+    redis.call('INCRBY', key, delta)
+  elseif delta < 0 then
+    local current = tonumber(redis.call('GET', key) or '0')
+    if current + delta >= 0 then
+      redis.call('INCRBY', key, delta)
+    elseif current > 0 then
+      redis.call('DECRBY', key, current)
+    end
+  end
+end
+
+-- Queued runs across all CK variants, for the size limit on a mixed queue.
+-- A queue that never had a keyed run has no index, and gets no counter.
+local function ck_queued_value(B)
+  local value = redis.call('GET', B .. ':ckqueued')
+  if value then return tonumber(value) end
+  if redis.call('EXISTS', B .. ':ckindex') == 0 then return 0 end
+  return ck_queued_seed(B)
+end
+
+-- Add run to a variant's queue; counts it iff it was not there. Returns 1 if added.
+local function ck_queue_add(B, ck, score, run)
+  ck_queued_seed(B)
+  local added = redis.call('ZADD', variant_queued_key(B, ck), score, run)
+  if added == 1 then counter_add(B .. ':ckqueued', 1) end
+  return added
+end
+
+-- Remove run from a variant's queue; uncounts it iff it was there. Returns 1 if removed.
+local function ck_queue_remove(B, ck, run)
+  ck_queued_seed(B)
+  local removed = redis.call('ZREM', variant_queued_key(B, ck), run)
+  if removed == 1 then counter_add(B .. ':ckqueued', -1) end
+  return removed
+end
+
+-- Give run a slot in its variant; counts it iff it was not there.
+local function ck_slot_take(B, ck, run)
+  ck_running_seed(B)
+  local added = redis.call('SADD', variant_inflight_key(B, ck), run)
+  if added == 1 then
+    counter_add(B .. ':ckrunning', 1)
+    redis.call('SADD', B .. ':ckbusy', ck)
+  end
+  return added
+end
+
+-- Free run's slot in its variant; uncounts it iff it held one.
+local function ck_slot_free(B, ck, run)
+  ck_running_seed(B)
+  local key = variant_inflight_key(B, ck)
+  local removed = redis.call('SREM', key, run)
+  if removed == 1 then
+    counter_add(B .. ':ckrunning', -1)
+    if redis.call('SCARD', key) == 0 then redis.call('SREM', B .. ':ckbusy', ck) end
+  end
+  return removed
+end
