@@ -53,15 +53,25 @@ class SelectionStrategy:
                 plan.append((env, queue, kind))
         return plan
 
-    async def plan(self, rq: RunQueue, shard: int, now_ms: int) -> list[PlanItem]:
-        """Read the shard's master queue and env gates (two round trips) and order them."""
-        s = rq.keys.shard(shard)
-        raw = await rq.client.zrangebyscore(
-            s.master, "-inf", now_ms, start=0, num=self.parent_queue_limit, withscores=True
-        )
-        if not raw:
+    async def read_members(self, rq: RunQueue, shards: list[int], now_ms: int) -> dict[int, list[tuple[str, float]]]:
+        """Every listed shard's ready master-queue members, oldest first (one round trip)."""
+        pipe = rq.client.pipeline(transaction=False)
+        for shard in shards:
+            pipe.zrangebyscore(
+                rq.keys.shard(shard).master, "-inf", now_ms, start=0,
+                num=self.parent_queue_limit, withscores=True,
+            )  # fmt: skip
+        replies = await pipe.execute()
+        return {
+            shard: [(_s(m), float(sc)) for m, sc in raw]
+            for shard, raw in zip(shards, replies, strict=True)
+            if raw
+        }
+
+    async def plan(self, rq: RunQueue, members: list[tuple[str, float]]) -> list[PlanItem]:
+        """Read the env gates of a shard's members (one round trip) and order them."""
+        if not members:
             return []
-        members = [(_s(m), float(sc)) for m, sc in raw]
         envs = sorted({K.parse_master_member(m)[1] for m, _ in members})
         pipe = rq.client.pipeline(transaction=False)
         for env in envs:

@@ -261,8 +261,11 @@ class RunQueue:
         shard_ids = list(range(self.keys.shard_count)) if shards is None else list(shards)
         self.rng.shuffle(shard_ids)
         out: list[Delivery] = []
+        ready = await self.selection.read_members(self, shard_ids, now)
         for shard in shard_ids:
-            plan = await self.selection.plan(self, shard, now)
+            if shard not in ready:
+                continue
+            plan = await self.selection.plan(self, ready[shard])
             for env, queue, kind in plan:
                 if len(out) >= max_count:
                     return out
