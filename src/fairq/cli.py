@@ -10,7 +10,10 @@ import click
 
 #: command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("fairq.commands.demo", "Run a multi-tenant workload twice: age order, then fair order."),
+    "demo": (
+        "fairq.commands.demo",
+        "Run a multi-tenant workload twice: age order, then fair order.",
+    ),
     "worker": ("fairq.commands.worker", "Run tasks of an app: fairq worker module:app."),
     "dashboard": ("fairq.commands.dashboard", "Serve the live dashboard on 127.0.0.1."),
     "sim": ("fairq.commands.sim", "Run fairness scenarios through the real scripts."),

@@ -41,9 +41,14 @@ class RetryPolicy:
     randomize: bool = True
 
     def __post_init__(self) -> None:
-        _check(1 <= self.max_attempts <= 1000, f"max_attempts must be in 1..1000, got {self.max_attempts}")
+        _check(
+            1 <= self.max_attempts <= 1000,
+            f"max_attempts must be in 1..1000, got {self.max_attempts}",
+        )
         _check(1.0 <= self.factor <= 100.0, f"factor must be in 1..100, got {self.factor}")
-        _check(0 <= self.min_delay_ms <= self.max_delay_ms, "need 0 <= min_delay_ms <= max_delay_ms")
+        _check(
+            0 <= self.min_delay_ms <= self.max_delay_ms, "need 0 <= min_delay_ms <= max_delay_ms"
+        )
 
     def delay_ms(self, attempt: int, rng: random.Random | None = None) -> int:
         """Backoff before retrying after failed attempt number ``attempt`` (1-based)."""
@@ -125,13 +130,18 @@ class RunQueueConfig:
     vtime: VirtualTimeOptions = field(default_factory=VirtualTimeOptions)
 
     def __post_init__(self) -> None:
-        _check(1 <= self.shard_count <= 16384, f"shard_count must be in 1..16384, got {self.shard_count}")
+        _check(
+            1 <= self.shard_count <= 16384,
+            f"shard_count must be in 1..16384, got {self.shard_count}",
+        )
         _check(
             1 <= self.default_env_concurrency <= MAX_LIMIT,
             f"default_env_concurrency must be in 1..{MAX_LIMIT}",
         )
         _check(1.0 <= self.default_burst_factor <= 100.0, "default_burst_factor must be in 1..100")
-        _check(0 <= self.default_queue_size_limit <= MAX_LIMIT, "default_queue_size_limit out of range")
+        _check(
+            0 <= self.default_queue_size_limit <= MAX_LIMIT, "default_queue_size_limit out of range"
+        )
         _check(1 <= self.counter_ttl_seconds <= 365 * 86_400, "counter_ttl_seconds out of range")
         _check(100 <= self.lease_ms <= 86_400_000, "lease_ms must be in 100..86400000")
         _check(1 <= self.max_per_key_per_call <= 1000, "max_per_key_per_call must be in 1..1000")
@@ -142,7 +152,9 @@ class RunQueueConfig:
         return replace(self, vtime=replace(self.vtime, **changes))  # type: ignore[arg-type]
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> RunQueueConfig:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: object
+    ) -> RunQueueConfig:
         """Read ``FAIRQ_*`` variables (bad values raise :class:`ConfigurationError` naming them)."""
         env = os.environ if environ is None else environ
         vt: dict[str, object] = {}

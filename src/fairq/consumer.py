@@ -65,7 +65,7 @@ class Consumer:
         if isinstance(client, RedisCluster):
             # Classic PUBLISH is broadcast to every node of a cluster: any node will do.
             node = client.get_default_node()
-            return aioredis.Redis(host=node.host, port=node.port, **_auth(client))
+            return aioredis.Redis(host=node.host, port=int(node.port), **_auth(client))
         return client
 
     async def _listen(self) -> None:
@@ -119,7 +119,12 @@ class Consumer:
             await self.rq.reclaim_lapsed_leases()
             await self.rq.expire_ttl()
 
-    async def next_batch(self, max_count: int = 10, *, timeout: float | None = None) -> list[Delivery]:
+    async def next_batch(
+        self,
+        max_count: int = 10,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[Delivery]:
         """Lease up to ``max_count`` runs, waiting (without polling) until some are ready.
 
         Returns an empty list only when ``timeout`` (seconds) passes or the consumer closes.

@@ -92,7 +92,9 @@ def validate_name(kind: str, value: str, *, allow_slash: bool = False) -> str:
     pattern = _QUEUE_RE if allow_slash else _NAME_RE
     if not pattern.match(value):
         allowed = "letters, digits, '_', '.', '-'" + (", '/'" if allow_slash else "")
-        raise InvalidNameError(kind, value, f"may only contain {allowed} (and not start with '.' or '-')")
+        raise InvalidNameError(
+            kind, value, f"may only contain {allowed} (and not start with '.' or '-')"
+        )
     return value
 
 

@@ -53,7 +53,9 @@ class SelectionStrategy:
                 plan.append((env, queue, kind))
         return plan
 
-    async def read_members(self, rq: RunQueue, shards: list[int], now_ms: int) -> dict[int, list[tuple[str, float]]]:
+    async def read_members(
+        self, rq: RunQueue, shards: list[int], now_ms: int
+    ) -> dict[int, list[tuple[str, float]]]:
         """Every listed shard's ready master-queue members, oldest first (one round trip)."""
         pipe = rq.client.pipeline(transaction=False)
         for shard in shards:

@@ -97,7 +97,9 @@ class EmbeddedServer:
     ) -> None:
         self.port = port or free_port()
         self._own_dir = data_dir is None
-        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="fairq-valkey-"))
+        self.data_dir = (
+            Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="fairq-valkey-"))
+        )
         self.appendonly = appendonly
         self.extra_args = list(extra_args or [])
         self.tied_to_parent = tied_to_parent
@@ -291,7 +293,11 @@ async def connect(url: str, *, check: bool = True) -> AnyRedis:
             await client.aclose()
         raise ServerUnavailableError(shown, f"{type(exc).__name__}: {exc}") from None
     if isinstance(client, RedisCluster):
-        info = next(iter(info.values())) if info and isinstance(next(iter(info.values())), dict) else info
+        info = (
+            next(iter(info.values()))
+            if info and isinstance(next(iter(info.values())), dict)
+            else info
+        )
     version = str(info.get("redis_version", "0"))
     try:
         major = int(version.split(".")[0])

@@ -190,10 +190,18 @@ class RunQueue:
 
     def _encode_request(self, r: EnqueueRequest, now: int) -> list[str]:
         K.validate_name("run id", r.run_id)
-        encoded_ck = "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
+        encoded_ck = (
+            "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
+        )
         for name, value in (("delay_ms", r.delay_ms), ("priority_ms", r.priority_ms)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10 * 365 * 86_400_000:
-                raise InvalidLimitError(name, value, "must be an integer number of ms in 0..10 years")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= 10 * 365 * 86_400_000
+            ):
+                raise InvalidLimitError(
+                    name, value, "must be an integer number of ms in 0..10 years"
+                )
         if r.ttl_ms is not None and (
             isinstance(r.ttl_ms, bool) or not isinstance(r.ttl_ms, int) or r.ttl_ms <= 0
         ):
@@ -310,7 +318,9 @@ class RunQueue:
                 queue=queue,
                 run_id=_s(reply[i]),
                 payload_json=_s(reply[i + 1]),
-                concurrency_key=K.decode_concurrency_key(_s(reply[i + 2])) if reply[i + 2] else None,
+                concurrency_key=K.decode_concurrency_key(_s(reply[i + 2]))
+                if reply[i + 2]
+                else None,
                 attempt=int(reply[i + 3]),
                 delivery=int(reply[i + 4]),
                 score_ms=int(float(reply[i + 5])),
@@ -327,7 +337,9 @@ class RunQueue:
             grouped[self.keys.shard_of(d.env)].append(d)
         return grouped
 
-    async def ack(self, deliveries: Sequence[Delivery], *, now_ms: int | None = None) -> list[AckStatus]:
+    async def ack(
+        self, deliveries: Sequence[Delivery], *, now_ms: int | None = None
+    ) -> list[AckStatus]:
         """Finish runs: free their slots and delete them (one script call per shard)."""
         statuses: dict[tuple[Environment, str], AckStatus] = {}
         codes = {1: AckStatus.ACKED, 0: AckStatus.UNKNOWN, -1: AckStatus.LEASE_LOST}
@@ -376,7 +388,11 @@ class RunQueue:
         )
 
     async def heartbeat(
-        self, deliveries: Sequence[Delivery], *, lease_ms: int | None = None, now_ms: int | None = None
+        self,
+        deliveries: Sequence[Delivery],
+        *,
+        lease_ms: int | None = None,
+        now_ms: int | None = None,
     ) -> list[bool]:
         """Extend leases; ``False`` for a run whose lease was already lost."""
         lease = self.config.lease_ms if lease_ms is None else lease_ms
@@ -391,7 +407,9 @@ class RunQueue:
                 result[(d.env, d.run_id)] = int(code) == 1
         return [result[(d.env, d.run_id)] for d in deliveries]
 
-    async def release(self, deliveries: Sequence[Delivery], *, now_ms: int | None = None) -> list[bool]:
+    async def release(
+        self, deliveries: Sequence[Delivery], *, now_ms: int | None = None
+    ) -> list[bool]:
         """Free the concurrency slots of leased runs but keep them leased."""
         result: dict[tuple[Environment, str], bool] = {}
         for shard, group in self._by_shard(deliveries).items():
@@ -426,7 +444,9 @@ class RunQueue:
             total += int(reply[0])
         return total
 
-    async def read_expired(self, *, after: dict[int, str] | None = None, count: int = 100) -> tuple[list[ExpiredRun], dict[int, str]]:
+    async def read_expired(
+        self, *, after: dict[int, str] | None = None, count: int = 100
+    ) -> tuple[list[ExpiredRun], dict[int, str]]:
         """Expired runs reported after the given per-shard stream ids.
 
         Returns the runs and the new per-shard positions (pass them back next time).
@@ -435,13 +455,14 @@ class RunQueue:
         runs: list[ExpiredRun] = []
         for s in self.keys.shards():
             start = positions.get(s.shard, "0-0")
-            entries = await self.client.xrange(s.expired, min=f"({start}" if start != "0-0" else "-", count=count)
-            for entry_id, fields in entries:
-                f = {_s(k): _s(v) for k, v in fields.items()}
-                org, project, name = f["env"].split(":")
+            entries: Any = await self.client.xrange(
+                s.expired, min=f"({start}" if start != "0-0" else "-", count=count
+            )
+            for entry_id, fields in entries or []:
+                f = {_s(k): _s(v) for k, v in (fields or {}).items()}
                 runs.append(
                     ExpiredRun(
-                        env=Environment(org, project, name),
+                        env=Environment.parse(f["env"]),
                         queue=f["queue"],
                         run_id=f["run"],
                         concurrency_key=K.decode_concurrency_key(f["ck"]) if f["ck"] else None,
@@ -456,7 +477,7 @@ class RunQueue:
     async def dead_letters(self, env: Environment, *, limit: int = 100) -> list[DeadLetter]:
         """The environment's dead-lettered runs, oldest first."""
         e = self.keys.env(env)
-        members = await self.client.zrange(e.dlq, 0, limit - 1, withscores=True)
+        members: Any = await self.client.zrange(e.dlq, 0, limit - 1, withscores=True)
         out: list[DeadLetter] = []
         for member, score in members:
             run_id = _s(member)
@@ -505,7 +526,9 @@ class RunQueue:
         """Set an environment's concurrency limit, burst factor and default queue size limit."""
         fields: dict[str, str] = {}
         if concurrency is not None:
-            fields["concurrency"] = str(_check_limit("env concurrency limit", concurrency, minimum=0))
+            fields["concurrency"] = str(
+                _check_limit("env concurrency limit", concurrency, minimum=0)
+            )
         if burst_factor is not None:
             if not isinstance(burst_factor, int | float) or not 1.0 <= float(burst_factor) <= 100.0:
                 raise InvalidLimitError("burst factor", burst_factor, "must be a number in 1..100")
@@ -525,7 +548,9 @@ class RunQueue:
         if limit is None:
             await self.client.hdel(q.limits, "concurrency")
         else:
-            await self.client.hset(q.limits, "concurrency", str(_check_limit("queue concurrency limit", limit)))
+            await self.client.hset(
+                q.limits, "concurrency", str(_check_limit("queue concurrency limit", limit))
+            )
 
     async def pause_queue(self, env: Environment, queue: str) -> None:
         await self.set_queue_concurrency(env, queue, 0)
@@ -539,7 +564,9 @@ class RunQueue:
         if limit is None:
             await self.client.hdel(q.limits, "max_size")
         else:
-            await self.client.hset(q.limits, "max_size", str(_check_limit("queue size limit", limit)))
+            await self.client.hset(
+                q.limits, "max_size", str(_check_limit("queue size limit", limit))
+            )
 
     async def set_concurrency_key_weight(
         self, env: Environment, queue: str, concurrency_key: str, weight: float | None
@@ -550,15 +577,21 @@ class RunQueue:
         if weight is None:
             await self.client.hdel(q.ck_weights, ck)
             return
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
-            1.0 / MAX_WEIGHT <= float(weight) <= MAX_WEIGHT
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not (1.0 / MAX_WEIGHT <= float(weight) <= MAX_WEIGHT)
         ):
-            raise InvalidLimitError("weight", weight, f"must be a number in {1 / MAX_WEIGHT}..{MAX_WEIGHT}")
+            raise InvalidLimitError(
+                "weight", weight, f"must be a number in {1 / MAX_WEIGHT}..{MAX_WEIGHT}"
+            )
         await self.client.hset(q.ck_weights, ck, repr(float(weight)))
 
     # ------------------------------------------------------------------ readers
 
-    async def queue_stats(self, env: Environment, queue: str, *, breakdown: bool = False) -> QueueStats:
+    async def queue_stats(
+        self, env: Environment, queue: str, *, breakdown: bool = False
+    ) -> QueueStats:
         """Queued and running across keyless runs and every CK variant (one round trip)."""
         (stats,) = await self.queues_stats(env, [queue], breakdown=breakdown)
         return stats
@@ -646,8 +679,12 @@ class RunQueue:
         return EnvStats(
             env=env,
             running=int(running),
-            concurrency_limit=int(limits[0]) if limits[0] is not None else self.config.default_env_concurrency,
-            burst_factor=float(limits[1]) if limits[1] is not None else self.config.default_burst_factor,
+            concurrency_limit=int(limits[0])
+            if limits[0] is not None
+            else self.config.default_env_concurrency,
+            burst_factor=float(limits[1])
+            if limits[1] is not None
+            else self.config.default_burst_factor,
             queue_size_limit=int(limits[2]) if limits[2] is not None else None,
             dead_lettered=int(dlq),
         )
@@ -657,8 +694,7 @@ class RunQueue:
         envs: set[Environment] = set()
         for s in self.keys.shards():
             for member in await self.client.smembers(s.envs):
-                org, project, name = _s(member).split(":")
-                envs.add(Environment(org, project, name))
+                envs.add(Environment.parse(_s(member)))
         return sorted(envs)
 
     async def queues(self, env: Environment) -> list[str]:
