@@ -38,7 +38,7 @@ while i + FIELDS - 1 <= #ARGV do
       if ttl_deadline > 0 then redis.call('ZADD', ttl_index, ttl_deadline, member) end
       if size then size = size + 1 end
       if ck == '' then touched_keyless = true else touched_ck = true end
-      if score <= NOW then wake = true end
+      wake = true -- also for delayed runs: a sleeping consumer recomputes its wake-up time
       status = 1
     end
   end
