@@ -1,5 +1,8 @@
 """Shared fixtures: one real server per test session (embedded Valkey, or FAIRQ_REDIS_URL),
-and a fresh key prefix per test."""
+and a fresh key prefix per test.
+
+``FAIRQ_TEST_CLUSTER=N`` runs the session against an N-master embedded Redis/Valkey
+Cluster instead (``redis_url`` is then a ``redis+cluster://`` URL)."""
 
 from __future__ import annotations
 
@@ -17,11 +20,34 @@ from fairq.store import RunQueue
 _counter = itertools.count()
 
 
+#: Environment variable: run the session against an embedded cluster of this many masters.
+CLUSTER_ENV = "FAIRQ_TEST_CLUSTER"
+
+
+def cluster_masters() -> int:
+    """Masters of the session's embedded cluster (0: a single server)."""
+    raw = os.environ.get(CLUSTER_ENV, "").strip()
+    if not raw or raw == "0":
+        return 0
+    if not raw.isdigit():
+        raise pytest.UsageError(f"{CLUSTER_ENV}={raw!r}: expected a number of masters")
+    return int(raw)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
+    """The session's server: FAIRQ_REDIS_URL, an embedded cluster (FAIRQ_TEST_CLUSTER=N),
+    or one embedded Valkey."""
     url = os.environ.get("FAIRQ_REDIS_URL")
     if url:
         yield url
+        return
+    masters = cluster_masters()
+    if masters:
+        from fairq.cluster import EmbeddedCluster
+
+        with EmbeddedCluster(masters) as cluster:
+            yield cluster.url
         return
     with EmbeddedServer() as server:
         yield server.url
