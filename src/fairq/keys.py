@@ -29,6 +29,9 @@ Per shard
   ``T:expired``           STREAM one entry per run that expired before delivery
   ``T:envs``              SET   ``O:P:E`` of every environment seen on this shard
   ``T:m:O:P:E:<run>``     HASH  one run: payload, queue prefix, CK, score, attempt, state…
+  ``T:r:O:P:E:<run>``     STRING a run's outcome (JSON: status, result, error, attempts),
+                                written by workers, EXPIRE = the app's result retention
+  ``T:expired:cursor``    STRING last ``T:expired`` entry id copied into run outcomes
 Per environment (``V`` = ``T:e:O:P:E``)
   ``V:inflight``          SET   run ids holding an environment slot
   ``V:limits``            HASH  ``concurrency``, ``burst_factor``, ``max_queue_size``
@@ -315,3 +318,13 @@ def lease_member(env: Environment, run_id: str) -> str:
 def parse_lease_member(member: str) -> tuple[Environment, str]:
     org, project, name, run_id = member.split(":", 3)
     return Environment(org, project, name), run_id
+
+
+def run_outcome_key(schema: KeySchema, env: Environment, run_id: str) -> str:
+    """``T:r:O:P:E:<run>``: a run's outcome (status, result or error), kept for the retention."""
+    return f"{schema.shard(schema.shard_of(env)).tag}:r:{env.id}:{run_id}"
+
+
+def expired_cursor_key(shard: ShardKeys) -> str:
+    """``T:expired:cursor``: id of the last ``T:expired`` entry recorded as a run outcome."""
+    return f"{shard.tag}:expired:cursor"
