@@ -1,0 +1,280 @@
+"""The key schema: shard hash, name validation, concurrency-key encoding (no server)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fairq import keys as K
+from fairq.errors import FairqError, InvalidNameError
+from fairq.keys import Environment, KeySchema
+
+# --------------------------------------------------------------------------- jump hash
+
+#: The reference's expectations (runqueue-semantics.md §1.3): env id -> shard at 2/4/8.
+REFERENCE_SHARDS = {
+    "env1": (0, 0, 0),
+    "env2": (0, 0, 4),
+    "env3": (1, 3, 4),
+    "env4": (1, 2, 2),
+    "e1234": (1, 1, 4),
+}
+
+
+@pytest.mark.parametrize("env_id", sorted(REFERENCE_SHARDS))
+@pytest.mark.parametrize("index, buckets", [(0, 2), (1, 4), (2, 8)])
+def test_jump_hash_matches_the_reference_table(env_id: str, index: int, buckets: int) -> None:
+    assert K.jump_hash(env_id, buckets) == REFERENCE_SHARDS[env_id][index]
+
+
+def test_jump_hash_is_stable_and_in_range() -> None:
+    for buckets in (1, 3, 16, 1000):
+        for i in range(200):
+            shard = K.jump_hash(f"org:proj:env{i}", buckets)
+            assert 0 <= shard < buckets
+            assert shard == K.jump_hash(f"org:proj:env{i}", buckets)
+
+
+def test_jump_hash_moves_few_keys_when_buckets_grow() -> None:
+    """Consistent hashing: going from 8 to 9 shards moves roughly 1/9 of the keys."""
+    ids = [f"o:p:e{i}" for i in range(2000)]
+    moved = sum(K.jump_hash(i, 8) != K.jump_hash(i, 9) for i in ids)
+    assert moved < 2000 * 0.2
+    # and a key that moves always moves to the new bucket
+    assert all(K.jump_hash(i, 9) in (K.jump_hash(i, 8), 8) for i in ids)
+
+
+@pytest.mark.parametrize("buckets", [0, -1])
+def test_jump_hash_rejects_non_positive_buckets(buckets: int) -> None:
+    with pytest.raises(ValueError):
+        K.jump_hash("env1", buckets)
+
+
+def test_schema_shard_of_hashes_the_full_environment_id() -> None:
+    schema = KeySchema("fq", 8)
+    env = Environment("o1234", "p1234", "e1234")
+    assert schema.shard_of(env) == K.jump_hash("o1234:p1234:e1234", 8)
+
+
+# --------------------------------------------------------------------------- names
+
+BAD_NAMES = [
+    "",
+    "a:b",
+    "a b",
+    "{tag}",
+    "a}",
+    "*",
+    "a*",
+    "a|b",
+    "a%b",
+    ".hidden",
+    "-dash",
+    "a/b",  # only queues may contain '/'
+    "ü",
+    "a\nb",
+    "x" * (K.MAX_NAME_LENGTH + 1),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+@pytest.mark.parametrize("kind", ["org", "project", "env"])
+def test_environment_rejects_bad_names(kind: str, bad: str) -> None:
+    parts = {"org": "o", "project": "p", "env": "e"}
+    parts[kind] = bad
+    with pytest.raises(InvalidNameError) as info:
+        Environment(parts["org"], parts["project"], parts["env"])
+    assert info.value.kind == kind
+    assert info.value.value == bad
+    assert isinstance(info.value, FairqError) and isinstance(info.value, ValueError)
+    assert kind in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [b for b in BAD_NAMES if b != "a/b"])
+def test_queue_names_are_validated(bad: str) -> None:
+    schema = KeySchema("fq", 4)
+    with pytest.raises(InvalidNameError) as info:
+        schema.queue(Environment("o", "p", "e"), bad)
+    assert info.value.kind == "queue"
+
+
+@pytest.mark.parametrize("good", ["task/my-task", "a", "A_b.c-d/e", "0", "x" * K.MAX_NAME_LENGTH])
+def test_queue_names_may_contain_slashes(good: str) -> None:
+    schema = KeySchema("fq", 4)
+    assert schema.queue(Environment("o", "p", "e"), good).base.endswith(":" + good)
+
+
+def test_non_string_names_are_rejected() -> None:
+    with pytest.raises(InvalidNameError, match="must be a string"):
+        K.validate_name("run id", 12)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["", "a:b", "{x}", "a b", "x" * 65])
+def test_bad_prefixes_are_rejected(bad: str) -> None:
+    with pytest.raises(InvalidNameError):
+        KeySchema(bad, 4)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 16385])
+def test_bad_shard_counts_are_rejected(bad: int) -> None:
+    with pytest.raises(InvalidNameError):
+        KeySchema("fq", bad)
+
+
+def test_environment_parse() -> None:
+    assert Environment.parse("o:p:e") == Environment("o", "p", "e")
+    assert Environment.parse("o/p/e") == Environment("o", "p", "e")
+    with pytest.raises(InvalidNameError):
+        Environment.parse("o:p")
+    with pytest.raises(InvalidNameError):
+        Environment.parse("o:p:e:x")
+
+
+# --------------------------------------------------------------------------- concurrency keys
+
+TRICKY_KEYS = [
+    "*",
+    ":",
+    "a:b",
+    "{",
+    "}",
+    "{tag}",
+    "%",
+    "%3A",
+    "a%3Ab",
+    " ",
+    "tenant-1",
+    "user@example.com",
+    "ck:*",
+    "x:queued",
+    "x:inflight",
+    "ümlaut",
+    "日本語",
+    "emoji-🎉",
+    "a/b",
+    "line\nbreak",
+    "\x00",
+    "x" * K.MAX_CONCURRENCY_KEY_BYTES,
+]
+
+_ENCODED_RE = re.compile(r"^(?:[A-Za-z0-9_.\-]|%[0-9A-F]{2})+$")
+
+
+@pytest.mark.parametrize("ck", TRICKY_KEYS)
+def test_concurrency_key_round_trips(ck: str) -> None:
+    encoded = K.encode_concurrency_key(ck)
+    assert K.decode_concurrency_key(encoded) == ck
+    assert _ENCODED_RE.match(encoded)
+    for forbidden in ":{}*| ":
+        assert forbidden not in encoded
+
+
+@given(st.text(min_size=1, max_size=60))
+def test_concurrency_key_encoding_is_a_safe_bijection(ck: str) -> None:
+    encoded = K.encode_concurrency_key(ck)
+    assert _ENCODED_RE.match(encoded)
+    assert K.decode_concurrency_key(encoded) == ck
+
+
+def test_distinct_keys_encode_distinctly() -> None:
+    encoded = [K.encode_concurrency_key(ck) for ck in TRICKY_KEYS]
+    assert len(set(encoded)) == len(TRICKY_KEYS)
+
+
+def test_safe_keys_are_kept_readable() -> None:
+    assert K.encode_concurrency_key("tenant-1_a.b") == "tenant-1_a.b"
+    assert K.encode_concurrency_key("*") == "%2A"
+    assert K.encode_concurrency_key("a:b") == "a%3Ab"
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ("", "must not be empty"),
+        ("x" * (K.MAX_CONCURRENCY_KEY_BYTES + 1), "longer than"),
+        ("é" * (K.MAX_CONCURRENCY_KEY_BYTES // 2 + 1), "longer than"),  # counted in bytes
+        (7, "must be a string"),
+    ],
+)
+def test_bad_concurrency_keys_are_rejected(bad: object, reason: str) -> None:
+    with pytest.raises(InvalidNameError, match=reason) as info:
+        K.encode_concurrency_key(bad)  # type: ignore[arg-type]
+    assert info.value.kind == "concurrency key"
+
+
+def _all_queue_keys(schema: KeySchema, env: Environment, queue: str) -> set[str]:
+    q = schema.queue(env, queue)
+    return {
+        q.queued,
+        q.inflight,
+        q.limits,
+        q.ck_index,
+        q.ck_busy,
+        q.ck_queued_counter,
+        q.ck_running_counter,
+        q.vtime,
+        q.vtime_floor,
+        q.vtime_idle,
+        q.ck_weights,
+    }
+
+
+def test_no_encoded_concurrency_key_collides_with_another_key() -> None:
+    """A variant key is ``B:ck:<K>:queued|inflight``; K never contains ':' so no CK value
+    can produce another variant's key, a base-queue key, or a key of another queue."""
+    schema = KeySchema("fq", 2)
+    env = Environment("o", "p", "e")
+    fixed = _all_queue_keys(schema, env, "q") | _all_queue_keys(schema, env, "q/ck")
+    e = schema.env(env)
+    fixed |= {e.inflight, e.limits, e.queues, e.dlq}
+    for s in schema.shards():
+        fixed |= {s.master, s.leases, s.ttl, s.expired, s.envs}
+    q = schema.queue(env, "q")
+    seen: set[str] = set()
+    for ck in [*TRICKY_KEYS, "queued", "inflight", "ckindex", "a:ck:b", "b:queued"]:
+        encoded = K.encode_concurrency_key(ck)
+        for key in (q.variant_queued(encoded), q.variant_inflight(encoded)):
+            assert key not in fixed
+            assert key not in seen
+            seen.add(key)
+            # the variant part parses back unambiguously
+            rest = key[len(q.base) + len(":ck:") :]
+            got, suffix = rest.split(":")
+            assert suffix in ("queued", "inflight")
+            assert K.decode_concurrency_key(got) == ck
+
+
+def test_every_key_of_an_environment_shares_its_shard_tag() -> None:
+    schema = KeySchema("fq", 8)
+    for name in ("env1", "env2", "env3", "e1234"):
+        env = Environment("o", "p", name)
+        shard = schema.shard(schema.shard_of(env))
+        keys = _all_queue_keys(schema, env, "task/a")
+        e = schema.env(env)
+        keys |= {e.inflight, e.limits, e.queues, e.dlq, e.message("run1")}
+        keys |= {shard.master, shard.leases, shard.ttl, shard.expired, shard.envs}
+        q = schema.queue(env, "task/a")
+        keys |= {q.variant_queued(K.encode_concurrency_key("{x}")), q.variant_inflight("a")}
+        for key in keys:
+            assert key.startswith(shard.tag + ":")
+            # exactly one hash tag: the first '{' ... '}' is the shard's
+            assert key.count("{") == 1 and key.count("}") == 1
+
+
+def test_different_prefixes_never_share_keys() -> None:
+    env = Environment("o", "p", "e")
+    a, b = KeySchema("a", 4), KeySchema("a.b", 4)
+    assert not _all_queue_keys(a, env, "q") & _all_queue_keys(b, env, "q")
+    assert a.wake_channel != b.wake_channel
+
+
+def test_master_and_lease_members_round_trip() -> None:
+    env = Environment("org-1", "proj.1", "prod_1")
+    for kind in (K.KIND_QUEUE, K.KIND_CK):
+        member = K.master_member(kind, env, "task/with/slashes")
+        assert K.parse_master_member(member) == (kind, env, "task/with/slashes")
+    member = K.lease_member(env, "run_1.a-b")
+    assert K.parse_lease_member(member) == (env, "run_1.a-b")
