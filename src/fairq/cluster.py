@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 from typing import Final
 
+from redis.asyncio.cluster import RedisCluster
+
 from fairq.errors import EmbeddedServerError
+from fairq.keys import KeySchema
 from fairq.server import EmbeddedServer, free_port
 
 #: Number of hash slots in a Redis/Valkey Cluster.
@@ -71,6 +74,22 @@ def slot_ranges(masters: int) -> list[tuple[int, int]]:
         raise ValueError("a cluster needs at least one master")
     bounds = [round(i * CLUSTER_SLOTS / masters) for i in range(masters + 1)]
     return [(bounds[i], bounds[i + 1] - 1) for i in range(masters)]
+
+
+def shard_nodes(client: RedisCluster, schema: KeySchema) -> dict[str, list[int]]:
+    """Which master serves each master-queue shard: ``{"host:port": [shard, ...]}``.
+
+    Every master appears, even with no shard (an empty list means that node gets no
+    fairq work at all: raise ``shard_count``; see ``docs/cluster.md``). Uses the client's
+    current slot map; call after the client has connected.
+    """
+    spread: dict[str, list[int]] = {
+        node.name: [] for node in client.get_nodes() if node.server_type == "primary"
+    }
+    for shard in schema.shards():
+        node = client.get_node_from_key(shard.master)
+        spread.setdefault(node.name, []).append(shard.shard)
+    return spread
 
 
 class EmbeddedCluster:
