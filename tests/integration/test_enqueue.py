@@ -1,0 +1,229 @@
+"""Enqueue: runs land in their queue (or CK variant), idempotently, in score order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fairq import keys as K
+from fairq.errors import QueueSizeLimitExceededError
+from fairq.keys import Environment
+from fairq.models import AckStatus, EnqueueRequest, EnqueueStatus
+from fairq.store import RunQueue
+
+T0 = 1_700_000_000_000
+
+
+async def master_members(rq: RunQueue, env: Environment) -> dict[str, float]:
+    shard = rq.keys.shard(rq.keys.shard_of(env))
+    return {m.decode(): s for m, s in await rq.client.zrange(shard.master, 0, -1, withscores=True)}
+
+
+async def test_enqueue_makes_a_run_queued(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    status = await rq.enqueue(env, "task/a", "r1", {"x": 1}, now_ms=T0)
+
+    assert status is EnqueueStatus.ENQUEUED
+    assert await rq.run_state(env, "r1") == "queued"
+    stats = await rq.queue_stats(env, "task/a")
+    assert (stats.queued, stats.running, stats.oldest_score_ms) == (1, 0, T0)
+    assert await master_members(rq, env) == {K.master_member("q", env, "task/a"): T0}
+    assert await rq.environments() == [env]
+    assert await rq.queues(env) == ["task/a"]
+    assert await rq.next_due_ms() == T0
+
+
+async def test_enqueued_run_is_delivered_with_its_payload(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    payload = {"text": "héllo ✓", "n": [1, 2.5, None, True], "nested": {"a": {}}}
+    await rq.enqueue(env, "q", "r1", payload, now_ms=T0)
+
+    (d,) = await rq.dequeue(10, now_ms=T0)
+
+    assert (d.env, d.queue, d.run_id, d.concurrency_key) == (env, "q", "r1", None)
+    assert d.payload == payload
+    assert (d.attempt, d.delivery, d.score_ms, d.enqueued_at_ms) == (0, 1, T0, T0)
+
+
+@pytest.mark.parametrize("payload", [None, 0, "text", [1, "a"], {"k": None}])
+async def test_any_json_payload_round_trips(
+    make_queue: Any, env: Environment, payload: object
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", payload, now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    assert d.payload == payload
+
+
+async def test_enqueue_of_an_existing_run_id_is_a_no_op(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", "first", now_ms=T0)
+
+    again = await rq.enqueue(env, "q", "r1", "second", delay_ms=5_000, now_ms=T0 + 10)
+    other_queue = await rq.enqueue(env, "other", "r1", "third", now_ms=T0 + 20)
+
+    assert again is other_queue is EnqueueStatus.DUPLICATE
+    assert (await rq.queue_stats(env, "q")).queued == 1
+    assert (await rq.queue_stats(env, "other")).queued == 0
+    (d,) = await rq.dequeue(10, now_ms=T0)
+    assert (d.payload, d.score_ms) == ("first", T0)
+
+
+async def test_enqueue_of_a_running_run_id_changes_nothing(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", "first", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+
+    assert await rq.enqueue(env, "q", "r1", "again", now_ms=T0 + 1) is EnqueueStatus.DUPLICATE
+
+    assert await rq.run_state(env, "r1") == "running"
+    stats = await rq.queue_stats(env, "q")
+    assert (stats.queued, stats.running) == (0, 1)
+    assert (await rq.env_stats(env)).running == 1
+    assert await rq.dequeue(10, now_ms=T0 + 1) == []
+    assert await rq.ack([d]) == [AckStatus.ACKED]
+
+
+async def test_enqueue_of_a_dead_lettered_run_id_changes_nothing(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    await rq.nack(d, max_attempts=1, now_ms=T0)
+
+    assert await rq.enqueue(env, "q", "r1", now_ms=T0 + 1) is EnqueueStatus.DUPLICATE
+    assert await rq.run_state(env, "r1") == "dlq"
+    assert (await rq.queue_stats(env, "q")).queued == 0
+
+
+async def test_runs_are_served_in_score_order(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    for i, offset in enumerate([30, 10, 20, 0]):
+        await rq.enqueue(env, "q", f"r{i}", now_ms=T0 + offset)
+    got = [d.run_id for d in await rq.dequeue(10, now_ms=T0 + 100)]
+    assert got == ["r3", "r1", "r2", "r0"]
+
+
+async def test_delay_hides_a_run_until_it_is_due(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "later", delay_ms=5_000, now_ms=T0)
+    await rq.enqueue(env, "q", "at", available_at_ms=T0 + 2_000, now_ms=T0)
+
+    assert await rq.dequeue(10, now_ms=T0 + 1_999) == []
+    assert await rq.next_due_ms() == T0 + 2_000
+    assert [d.run_id for d in await rq.dequeue(10, now_ms=T0 + 2_000)] == ["at"]
+    assert await rq.dequeue(10, now_ms=T0 + 4_999) == []
+    (d,) = await rq.dequeue(10, now_ms=T0 + 5_000)
+    assert (d.run_id, d.score_ms, d.enqueued_at_ms) == ("later", T0 + 5_000, T0)
+
+
+async def test_available_at_overrides_delay(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r", delay_ms=9_000, available_at_ms=T0 + 1_000, now_ms=T0)
+    assert (await rq.queue_stats(env, "q")).oldest_score_ms == T0 + 1_000
+
+
+async def test_priority_orders_a_run_as_if_it_were_older(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "old", now_ms=T0)
+    await rq.enqueue(env, "q", "urgent", priority_ms=60_000, now_ms=T0 + 1_000)
+
+    got = await rq.dequeue(10, now_ms=T0 + 1_000)
+
+    assert [d.run_id for d in got] == ["urgent", "old"]
+    assert got[0].score_ms == T0 + 1_000 - 60_000
+
+
+async def test_enqueue_with_a_concurrency_key(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", concurrency_key="tenant-a", now_ms=T0)
+    await rq.enqueue(env, "q", "r2", concurrency_key="tenant-a", now_ms=T0 + 1)
+    await rq.enqueue(env, "q", "r3", concurrency_key="tenant:b", now_ms=T0 + 2)
+    await rq.enqueue(env, "q", "r4", now_ms=T0 + 3)
+
+    stats = await rq.queue_stats(env, "q", breakdown=True)
+
+    assert (stats.queued, stats.running, stats.oldest_score_ms) == (4, 0, T0)
+    by_key = {v.concurrency_key: (v.queued, v.oldest_score_ms) for v in stats.variants}
+    assert by_key == {"tenant-a": (2, T0), "tenant:b": (1, T0 + 2)}
+
+
+async def test_enqueue_many_reports_each_run_in_order(make_queue: Any) -> None:
+    rq: RunQueue = await make_queue(shard_count=4)
+    envs = [Environment("o", "p", f"env{i}") for i in range(4)]
+    requests = [
+        EnqueueRequest(
+            envs[i % 4], f"q{i % 3}", f"r{i}", i, concurrency_key=("k" if i % 2 else None)
+        )
+        for i in range(12)
+    ]
+    requests.append(EnqueueRequest(envs[0], "q0", "r0", "duplicate"))
+
+    results = await rq.enqueue_many(requests, now_ms=T0)
+
+    assert [r.run_id for r in results] == [r.run_id for r in requests]
+    assert [r.status for r in results] == [EnqueueStatus.ENQUEUED] * 12 + [EnqueueStatus.DUPLICATE]
+    assert sorted(await rq.environments()) == sorted(envs)
+    delivered = []
+    for _ in range(20):
+        batch = await rq.dequeue(100, now_ms=T0)
+        if not batch:
+            break
+        delivered += batch
+    assert sorted(d.run_id for d in delivered) == sorted(f"r{i}" for i in range(12))
+    assert {d.run_id: d.payload for d in delivered} == {f"r{i}": i for i in range(12)}
+
+
+async def test_queue_size_limit_rejects_without_writing(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.set_queue_size_limit(env, "q", 2)
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    await rq.enqueue(env, "q", "r2", concurrency_key="k", now_ms=T0)
+
+    with pytest.raises(QueueSizeLimitExceededError) as info:
+        await rq.enqueue(env, "q", "r3", now_ms=T0)
+
+    assert (info.value.queue, info.value.maximum_size) == ("q", 2)
+    assert await rq.run_state(env, "r3") is None
+    assert (await rq.queue_stats(env, "q")).queued == 2
+    results = await rq.enqueue_many([EnqueueRequest(env, "q", "r4")], now_ms=T0)
+    assert results[0].status is EnqueueStatus.REJECTED
+    assert results[0].queue_size_limit == 2
+    # a dequeue makes room again
+    await rq.dequeue(1, now_ms=T0)
+    assert await rq.enqueue(env, "q", "r3", now_ms=T0) is EnqueueStatus.ENQUEUED
+
+
+async def test_env_queue_size_limit_applies_to_each_queue(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.set_env_limits(env, queue_size_limit=1)
+    await rq.enqueue(env, "a", "r1", now_ms=T0)
+    await rq.enqueue(env, "b", "r2", now_ms=T0)
+    with pytest.raises(QueueSizeLimitExceededError):
+        await rq.enqueue(env, "a", "r3", now_ms=T0)
+    # a queue's own limit wins over the env's
+    await rq.set_queue_size_limit(env, "a", 5)
+    assert await rq.enqueue(env, "a", "r3", now_ms=T0) is EnqueueStatus.ENQUEUED
+    # removing the queue limit falls back to the env's
+    await rq.set_queue_size_limit(env, "a", None)
+    with pytest.raises(QueueSizeLimitExceededError):
+        await rq.enqueue(env, "a", "r4", now_ms=T0)
+
+
+async def test_environments_on_many_shards_are_all_listed(make_queue: Any) -> None:
+    rq: RunQueue = await make_queue(shard_count=8)
+    envs = [Environment("o1234", "p1234", name) for name in ("env1", "env2", "env3", "e1234")]
+    for e in envs:
+        await rq.enqueue(e, "q", "r", now_ms=T0)
+    assert await rq.environments() == sorted(envs)
+    assert len({rq.keys.shard_of(e) for e in envs}) > 1
+    got = await rq.dequeue(10, now_ms=T0)
+    assert sorted(d.env for d in got) == sorted(envs)
