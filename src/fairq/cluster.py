@@ -88,6 +88,8 @@ def shard_nodes(client: RedisCluster, schema: KeySchema) -> dict[str, list[int]]
     }
     for shard in schema.shards():
         node = client.get_node_from_key(shard.master)
+        if node is None:
+            raise EmbeddedServerError(f"no node serves the slot of {shard.master}")
         spread.setdefault(node.name, []).append(shard.shard)
     return spread
 
