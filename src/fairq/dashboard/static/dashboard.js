@@ -1,0 +1,202 @@
+// fairq dashboard: poll the page's JSON endpoint and update it in place; draw the
+// served-share chart. No dependencies, no external assets.
+(function () {
+  "use strict";
+  var REFRESH_MS = 1500;
+  var PALETTE = ["#3b6fd8", "#e0723a", "#2f9e6e", "#c64d8c", "#8a63d2", "#c9a227", "#2aa3b8", "#d24b4b", "#8c8c8c"];
+  var body = document.body;
+  var page = body.dataset.page;
+  var api = body.dataset.api;
+
+  function el(tag, attrs, children) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) {
+      if (k === "text") node.textContent = attrs[k];
+      else if (k === "className") node.className = attrs[k];
+      else node.setAttribute(k, attrs[k]);
+    });
+    (children || []).forEach(function (c) { node.appendChild(c); });
+    return node;
+  }
+  function limit(v) { return v === null || v === undefined ? "\u2014" : String(v); }
+  function wait(s) {
+    if (s === null || s === undefined) return "\u2014";
+    if (s < 60) return s.toFixed(1) + " s";
+    if (s < 3600) return Math.floor(s / 60) + " m " + String(Math.floor(s % 60)).padStart(2, "0") + " s";
+    return Math.floor(s / 3600) + " h " + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + " m";
+  }
+  function td(text, cls, field) {
+    var a = { text: text };
+    if (cls) a.className = cls;
+    if (field) a["data-field"] = field;
+    return el("td", a);
+  }
+  function badge(paused) {
+    return el("span", { className: "badge " + (paused ? "paused" : "ok"), text: paused ? "paused" : "active" });
+  }
+  function setField(root, field, text) {
+    var node = root.querySelector('[data-field="' + field + '"]');
+    if (node && node.textContent !== text) node.textContent = text;
+  }
+
+  // ------------------------------------------------------------------ overview
+  function renderOverview(data) {
+    var box = document.getElementById("envs");
+    var frag = document.createDocumentFragment();
+    if (!data.environments.length) {
+      frag.appendChild(el("section", { className: "card" }, [el("p", { className: "empty", text: "No environment has enqueued a run yet." })]));
+    }
+    data.environments.forEach(function (e) {
+      var rows = e.queues.map(function (q) {
+        var link = el("a", { href: "/queues/" + encodeURIComponent(e.env) + "/" + q.queue, text: q.queue });
+        var state = el("td", { "data-field": "state" }, [badge(q.paused)]);
+        return el("tr", { "data-queue": q.queue }, [
+          el("td", {}, [link]),
+          td(String(q.queued), "num", "queued"),
+          td(String(q.running), "num", "running"),
+          td(limit(q.concurrency_limit), "num", "concurrency_limit"),
+          td(limit(q.queue_size_limit), "num", "queue_size_limit"),
+          td(wait(q.oldest_wait_s), "num", "oldest_wait"),
+          state,
+        ]);
+      });
+      if (!rows.length) rows = [el("tr", {}, [el("td", { colspan: "7", className: "empty", text: "no queues yet" })])];
+      var head = el("thead", {}, [el("tr", {}, ["Queue", "Queued", "Running", "Concurrency limit", "Size limit", "Oldest wait", "State"].map(function (h, i) {
+        return el("th", { className: i > 0 && i < 6 ? "num" : "", text: h });
+      }))]);
+      frag.appendChild(el("section", { className: "card env", "data-env": e.env }, [
+        el("div", { className: "card-head" }, [
+          el("h2", { text: e.env }),
+          el("span", { className: "chip" }, [document.createTextNode("running "), el("b", { "data-field": "env-running", text: String(e.running) }), document.createTextNode(" / " + e.concurrency_limit)]),
+          el("span", { className: "chip" + (e.dead_lettered ? " warn" : "") }, [document.createTextNode("DLQ "), el("b", { "data-field": "env-dlq", text: String(e.dead_lettered) })]),
+        ]),
+        el("table", { className: "grid" }, [head, el("tbody", {}, rows)]),
+      ]));
+    });
+    box.replaceChildren(frag);
+  }
+
+  // ------------------------------------------------------------------ queue page
+  function renderQueue(data) {
+    var q = data.queue;
+    var tiles = document.getElementById("tiles");
+    setField(tiles, "queued", String(q.queued));
+    setField(tiles, "running", String(q.running));
+    setField(tiles, "concurrency_limit", limit(q.concurrency_limit));
+    setField(tiles, "queue_size_limit", limit(q.queue_size_limit));
+    setField(tiles, "oldest_wait", wait(q.oldest_wait_s));
+    setField(tiles, "state", q.paused ? "paused" : "active");
+    setField(tiles, "env_running", String(data.env_running));
+    document.getElementById("variant-count").textContent = String(data.variant_count);
+
+    var vrows = data.variants.map(function (v) {
+      var cells = [td(v.key, "key"), td(String(v.queued), "num", "queued"), td(String(v.running), "num", "running"), td(wait(v.oldest_wait_s), "num")];
+      if (data.fair_order) {
+        cells.push(td(v.virtual_tag === null ? "\u2014" : v.virtual_tag.toFixed(2), "num"));
+        cells.push(td(String(v.weight), "num"));
+      }
+      return el("tr", { "data-key": v.key }, cells);
+    });
+    if (!vrows.length) vrows = [el("tr", {}, [el("td", { colspan: "6", className: "empty", text: "no concurrency-key runs" })])];
+    document.querySelector("#variants tbody").replaceChildren.apply(document.querySelector("#variants tbody"), vrows);
+
+    document.getElementById("dlq-count").textContent = String(data.dead_lettered);
+    var back = "/queues/" + encodeURIComponent(data.env) + "/" + q.queue;
+    var drows = data.dead_letters.map(function (d) {
+      var form = el("form", { method: "post", action: "/envs/" + encodeURIComponent(data.env) + "/dlq/" + d.run_id + "/redrive" }, [
+        el("input", { type: "hidden", name: "next", value: back }),
+        el("button", { type: "submit", className: "redrive", text: "Redrive" }),
+      ]);
+      return el("tr", { "data-run": d.run_id }, [
+        td(d.run_id, "key"), td(d.queue), td(d.key || "\u2014"), td(String(d.attempt), "num"),
+        td(new Date(d.dead_lettered_at_ms).toLocaleTimeString(), "ts"), td(d.payload, "payload"), el("td", {}, [form]),
+      ]);
+    });
+    if (!drows.length) drows = [el("tr", {}, [el("td", { colspan: "7", className: "empty", text: "the dead-letter queue is empty" })])];
+    document.querySelector("#dlq tbody").replaceChildren.apply(document.querySelector("#dlq tbody"), drows);
+
+    var src = document.getElementById("served-source");
+    src.dataset.source = data.served.source;
+    src.textContent = data.served.source === "recorded" ? "recorded by workers" : "estimated from backlog drops";
+    document.getElementById("served-total").textContent = String(data.served.total);
+    drawChart(data.served);
+  }
+
+  function drawChart(served) {
+    var canvas = document.getElementById("chart");
+    var legend = document.getElementById("legend");
+    var ratio = window.devicePixelRatio || 1;
+    var width = canvas.clientWidth, height = canvas.clientHeight || 220;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    var ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    var left = 40, right = 8, top = 8, bottom = 22;
+    var plotW = width - left - right, plotH = height - top - bottom;
+    var n = served.windows.length;
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#6b7280";
+    ctx.strokeStyle = "#e5e7eb";
+    ctx.lineWidth = 1;
+    [0, 0.25, 0.5, 0.75, 1].forEach(function (f) {
+      var y = top + plotH * (1 - f);
+      ctx.beginPath(); ctx.moveTo(left, Math.round(y) + 0.5); ctx.lineTo(left + plotW, Math.round(y) + 0.5); ctx.stroke();
+      ctx.textAlign = "right"; ctx.textBaseline = "middle";
+      ctx.fillText(Math.round(f * 100) + "%", left - 6, y);
+    });
+    var slot = plotW / Math.max(1, n), bar = Math.max(1, slot - 2);
+    for (var i = 0; i < n; i++) {
+      var total = 0;
+      served.series.forEach(function (s) { total += s.counts[i]; });
+      if (!total) continue;
+      var y = top + plotH;
+      served.series.forEach(function (s, k) {
+        var h = plotH * s.counts[i] / total;
+        ctx.fillStyle = PALETTE[k % PALETTE.length];
+        ctx.fillRect(left + i * slot + 1, y - h, bar, h);
+        y -= h;
+      });
+    }
+    ctx.fillStyle = "#6b7280"; ctx.textBaseline = "top";
+    for (var m = 5; m >= 0; m--) {
+      var x = left + plotW * (1 - m / 5);
+      ctx.textAlign = m === 5 ? "left" : m === 0 ? "right" : "center";
+      ctx.fillText(m === 0 ? "now" : "\u2212" + m + " min", x, top + plotH + 6);
+    }
+    if (!served.total) {
+      ctx.textAlign = "center"; ctx.textBaseline = "middle"; ctx.fillStyle = "#9ca3af";
+      ctx.fillText("no runs served in the last 5 minutes", left + plotW / 2, top + plotH / 2);
+    }
+    legend.replaceChildren.apply(legend, served.series.map(function (s, k) {
+      return el("li", {}, [
+        el("span", { className: "swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
+        el("span", { className: "lk", text: s.label }),
+        el("span", { className: "share", text: (s.share * 100).toFixed(1) + "%" }),
+      ]);
+    }));
+  }
+
+  // ------------------------------------------------------------------ polling
+  var live = document.getElementById("live"), liveText = document.getElementById("live-text");
+  function refresh() {
+    fetch(api, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(function (data) {
+        if (page === "overview") renderOverview(data); else renderQueue(data);
+        live.classList.remove("stale");
+        liveText.textContent = "live \u00b7 " + new Date(data.now_ms).toLocaleTimeString();
+        body.dataset.refreshed = String(data.now_ms);
+      })
+      .catch(function (err) { live.classList.add("stale"); liveText.textContent = "offline (" + err.message + ")"; })
+      .finally(function () { setTimeout(refresh, REFRESH_MS); });
+  }
+  document.querySelectorAll("td.ts[data-ms]").forEach(function (node) {
+    node.textContent = new Date(Number(node.dataset.ms)).toLocaleTimeString();
+  });
+  if (page === "queue") {
+    drawChart(JSON.parse(document.getElementById("initial-data").textContent).served);
+    window.addEventListener("resize", function () { refresh(); });
+  }
+  if (api) setTimeout(refresh, REFRESH_MS);
+})();

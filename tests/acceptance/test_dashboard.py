@@ -1,0 +1,468 @@
+"""The dashboard end to end: JSON endpoints and /metrics over httpx (ASGI, same loop), the
+CLI's refusal to go public without a token, and the pages in a real headless Chromium
+against a live uvicorn server.
+
+Set FAIRQ_DASHBOARD_SCREENSHOT=path to also render the README screenshot (docs/dashboard.png).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fairq import metrics
+from fairq.config import RunQueueConfig
+from fairq.dashboard.app import TOKEN_COOKIE, ServedSampler, create_app, create_server
+from fairq.keys import Environment
+from fairq.models import Delivery, NackOutcome, QueueStats, VariantStats
+from fairq.server import connect, free_port
+from fairq.store import RunQueue, wall_clock_ms
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+T0 = 1_000_000  # logical clock of the scripted workloads (ms)
+
+MakeQueue = Callable[..., Any]
+
+
+# ---------------------------------------------------------------------- workloads
+
+
+async def ck_workload(rq: RunQueue, env: Environment, queue: str = "emails") -> list[Delivery]:
+    """Given a CK queue with 16 runs over three keys and a limit of 2 per key, drained
+    until every variant is at its limit: 6 running, 10 queued."""
+    await rq.set_queue_concurrency(env, queue, 2)
+    per_key = {"tenant-a": 10, "tenant-b": 4, "tenant-c": 2}
+    for key, n in per_key.items():
+        for i in range(n):
+            await rq.enqueue(env, queue, f"{key}-{i}", {"i": i}, concurrency_key=key, now_ms=T0 + i)
+    leased: list[Delivery] = []
+    for _ in range(10):
+        got = await rq.dequeue_from_queue(env, queue, keyed=True, max_count=10, now_ms=T0 + 100)
+        if not got:
+            break
+        leased += got
+    assert len(leased) == 6
+    return leased
+
+
+async def dead_letter(rq: RunQueue, env: Environment, run_id: str, queue: str = "reports") -> None:
+    """Given one keyless run that failed its only attempt."""
+    await rq.enqueue(env, queue, run_id, {"report": run_id}, now_ms=T0)
+    (delivery,) = await rq.dequeue_from_queue(env, queue, keyed=False, max_count=1, now_ms=T0)
+    outcome = await rq.nack(delivery, max_attempts=1, now_ms=T0 + 1)
+    assert outcome is NackOutcome.DEAD_LETTERED
+
+
+@pytest.fixture
+async def client_for() -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    made: list[httpx.AsyncClient] = []
+
+    def factory(rq: RunQueue, token: str | None = None) -> httpx.AsyncClient:
+        app = create_app(rq, token=token)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash")
+        made.append(client)
+        return client
+
+    yield factory
+    for client in made:
+        await client.aclose()
+
+
+def env_row(overview: dict[str, Any], env: Environment, queue: str) -> dict[str, Any]:
+    (e,) = [e for e in overview["environments"] if e["env"] == env.id]
+    (q,) = [q for q in e["queues"] if q["queue"] == queue]
+    return q
+
+
+# ---------------------------------------------------------------------- JSON and HTML
+
+
+async def test_overview_counts_ck_runs_from_the_counters(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    await ck_workload(rq, env)
+    await rq.pause_queue(env, "paused-one")
+    await rq.enqueue(env, "paused-one", "p1", now_ms=T0)
+
+    client = client_for(rq)
+    overview = (await client.get("/api/overview")).json()
+
+    emails = env_row(overview, env, "emails")
+    assert (emails["queued"], emails["running"], emails["concurrency_limit"]) == (10, 6, 2)
+    assert emails["paused"] is False
+    assert emails["oldest_wait_s"] > 0
+    assert env_row(overview, env, "paused-one")["paused"] is True
+    html = (await client.get("/")).text
+    assert 'data-queue="emails"' in html
+    assert '<td class="num" data-field="queued">10</td>' in html
+    assert '<td class="num" data-field="running">6</td>' in html
+
+
+async def test_queue_page_lists_variants_with_virtual_tags_and_weights(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue(vtime={"enabled": True})
+    await rq.set_concurrency_key_weight(env, "emails", "tenant-b", 2.0)
+    await ck_workload(rq, env)
+
+    client = client_for(rq)
+    detail = (await client.get(f"/api/queues/{env.id}/emails")).json()
+
+    assert detail["fair_order"] is True
+    assert (detail["queue"]["queued"], detail["queue"]["running"]) == (10, 6)
+    variants = {v["key"]: v for v in detail["variants"]}
+    assert {k: (v["queued"], v["running"]) for k, v in variants.items()} == {
+        "tenant-a": (8, 2),
+        "tenant-b": (2, 2),
+        "tenant-c": (0, 2),
+    }
+    assert variants["tenant-b"]["weight"] == 2.0
+    assert variants["tenant-a"]["virtual_tag"] is not None
+    page = await client.get(f"/queues/{env.id}/emails")
+    assert page.status_code == 200
+    assert "Virtual tag" in page.text and 'data-key="tenant-a"' in page.text
+
+
+async def test_redrive_button_moves_a_run_out_of_the_dlq(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    await dead_letter(rq, env, "r1")
+    client = client_for(rq)
+    detail = (await client.get(f"/api/queues/{env.id}/reports")).json()
+    assert [d["run_id"] for d in detail["dead_letters"]] == ["r1"]
+
+    back = f"/queues/{env.id}/reports"
+    reply = await client.post(f"/envs/{env.id}/dlq/r1/redrive", data={"next": back})
+
+    assert reply.status_code == 303
+    assert reply.headers["location"].startswith(back + "?flash=")
+    assert await rq.run_state(env, "r1") == "queued"
+    assert (await client.get(f"/api/queues/{env.id}/reports")).json()["dead_letters"] == []
+    again = await client.post(
+        f"/envs/{env.id}/dlq/r1/redrive", headers={"Accept": "application/json"}
+    )
+    assert again.status_code == 404 and again.json() == {"run_id": "r1", "redriven": False}
+
+
+async def test_redrive_never_redirects_off_site(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    await dead_letter(rq, env, "r2")
+    reply = await client_for(rq).post(
+        f"/envs/{env.id}/dlq/r2/redrive", data={"next": "//evil.example/x"}
+    )
+    assert reply.headers["location"].startswith("/?flash=")
+
+
+async def test_bad_names_are_a_clear_400(
+    make_queue: MakeQueue, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    reply = await client_for(rq).get("/api/queues/not-an-env/emails")
+    assert reply.status_code == 400 and "org:project:env" in reply.text
+
+
+async def test_metrics_exposes_per_queue_gauges_and_dequeue_latency(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    leased = await ck_workload(rq, env)
+    await metrics.record_dequeue(rq, leased, call_seconds=0.002, now_ms=T0 + 100)
+
+    reply = await client_for(rq).get("/metrics")
+
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = reply.text
+    labels = f'env="{env.id}",queue="emails"'
+    assert f"fairq_queue_queued{{{labels}}} 10.0" in text
+    assert f"fairq_queue_running{{{labels}}} 6.0" in text
+    assert f"fairq_queue_oldest_wait_seconds{{{labels}}}" in text
+    assert f'fairq_env_dead_lettered{{env="{env.id}"}} 0.0' in text
+    assert f"fairq_dequeue_latency_seconds_count{{{labels}}}" in text
+    assert "fairq_dequeue_call_seconds_count" in text
+    assert "python_gc_objects_collected_total" not in text  # not the global registry
+
+
+# ---------------------------------------------------------------------- served share
+
+
+async def test_served_share_prefers_the_record_workers_write(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    leased = await ck_workload(rq, env)
+    now = wall_clock_ms()
+    await metrics.record_dequeue(rq, leased, now_ms=now)
+    await metrics.record_dequeue(rq, leased[:2], now_ms=now - metrics.SERVED_BUCKET_MS)
+
+    served = (await client_for(rq).get(f"/api/queues/{env.id}/emails")).json()["served"]
+
+    assert served["source"] == "recorded"
+    assert served["total"] == 8
+    shares = {s["label"]: round(s["share"], 3) for s in served["series"]}
+    served_per_key = Counter(d.concurrency_key for d in [*leased, *leased[:2]])
+    expected = {key: round(n / 8, 3) for key, n in served_per_key.items()}
+    assert shares == expected
+    assert sum(s["counts"][-1] for s in served["series"]) == 6
+    assert sum(s["counts"][-2] for s in served["series"]) == 2
+    bucket = now // metrics.SERVED_BUCKET_MS
+    ttl = await rq.client.ttl(metrics.served_key(rq, env, "emails", bucket))
+    assert 0 < ttl <= metrics.SERVED_RETENTION_SECONDS
+
+
+def _stats(env: Environment, **queued: int) -> QueueStats:
+    variants = [VariantStats(k, n, 0, None) for k, n in queued.items()]
+    return QueueStats(env, "q", sum(queued.values()), 0, None, None, None, variants)
+
+
+def test_served_share_is_estimated_from_backlog_drops_without_a_record(env: Environment) -> None:
+    sampler = ServedSampler()
+    now = 10 * metrics.SERVED_BUCKET_MS * 1000
+    sampler.observe(_stats(env, a=50, b=5), now)
+    sampler.observe(_stats(env, a=47, b=4), now + 1500)  # a served 3, b 1
+    sampler.observe(_stats(env, a=49, b=3), now + 3000)  # a grew (arrivals): not served
+
+    windows = sampler.windows(env, "q", now + 3000)
+
+    assert windows[-1] == (now, {"a": 3, "b": 2})
+    assert sum(1 for _, counts in windows if counts) == 1
+
+
+def test_the_sampler_forgets_least_recently_polled_queues(env: Environment) -> None:
+    sampler = ServedSampler(max_queues=2)
+    for name in ("q1", "q2", "q3"):
+        stats = _stats(env, a=1)
+        sampler.observe(QueueStats(env, name, 1, 0, None, None, None, stats.variants), 0)
+    assert [k for k in sampler._queues] == [(env.id, "q2"), (env.id, "q3")]
+
+
+# ---------------------------------------------------------------------- access token
+
+
+async def test_every_request_needs_the_token_when_one_is_set(
+    make_queue: MakeQueue, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    client = client_for(rq, token="s3cret")
+
+    assert (await client.get("/api/overview")).status_code == 401
+    assert (await client.get("/metrics")).status_code == 401
+    assert (await client.get("/api/overview?token=wrong")).status_code == 401
+    bearer = await client.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert bearer.status_code == 200
+    once = await client.get("/?token=s3cret&x=1")
+    assert once.status_code == 303 and once.headers["location"] == "/?x=1"
+    assert client.cookies.get(TOKEN_COOKIE) == "s3cret"
+    assert (await client.get("/api/overview")).status_code == 200
+
+
+def test_cli_refuses_to_bind_beyond_loopback_without_a_token() -> None:
+    fairq = shutil.which("fairq") or str(Path(sys.executable).with_name("fairq"))
+    environ = {k: v for k, v in os.environ.items() if k != "FAIRQ_DASHBOARD_TOKEN"}
+    done = subprocess.run(
+        [fairq, "dashboard", "--host", "0.0.0.0", "--port", "1"],
+        capture_output=True, text=True, timeout=60, env=environ,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "FAIRQ_DASHBOARD_TOKEN" in done.stderr and "--token" in done.stderr
+
+
+# ---------------------------------------------------------------------- real browser
+
+
+class ThreadedDashboard:
+    """``fairq dashboard`` in a background thread with its own event loop and connection."""
+
+    def __init__(self, redis_url: str, config: RunQueueConfig, token: str | None = None) -> None:
+        self.redis_url, self.config, self.token = redis_url, config, token
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._ready = threading.Event()
+        self._server: Any = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        rq = RunQueue(await connect(self.redis_url), self.config)
+        try:
+            self._server = create_server(rq, port=self.port, token=self.token)
+            self._ready.set()
+            await self._server.serve()
+        finally:
+            self._ready.set()
+            await rq.close()
+
+    def __enter__(self) -> ThreadedDashboard:
+        self._thread.start()
+        assert self._ready.wait(30), "dashboard did not start"
+        for _ in range(300):
+            if self._server is not None and self._server.started:
+                return self
+            self._thread.join(0.02)
+        raise AssertionError("dashboard did not start listening")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        self._thread.join(15)
+
+
+@pytest.fixture
+def chromium() -> Iterator[Path]:
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (/usr/bin/chromium); see .ci/run")
+    yield CHROMIUM
+
+
+async def test_the_page_shows_ck_counts_live_and_redrive_empties_the_dlq(
+    chromium: Path,
+    make_queue: MakeQueue,
+    env: Environment,
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    rq = await make_queue()
+    leased = await ck_workload(rq, env)
+    await dead_letter(rq, env, "r1")
+
+    with ThreadedDashboard(redis_url, rq.config) as dash:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch_persistent_context(
+                str(tmp_path / "profile"),
+                executable_path=str(chromium),
+                args=CHROMIUM_ARGS,
+                headless=True,
+            )
+            try:
+                page = await browser.new_page()
+                await page.goto(dash.url + "/")
+                row = page.locator(f'section[data-env="{env.id}"] tr[data-queue="emails"]')
+                # Server-rendered numbers, then the same after a live refresh.
+                await expect(row.locator('[data-field="queued"]')).to_have_text("10")
+                await expect(row.locator('[data-field="running"]')).to_have_text("6")
+                await page.wait_for_function("document.body.dataset.refreshed !== undefined")
+                await expect(row.locator('[data-field="queued"]')).to_have_text("10")
+
+                # Live refresh: two runs finish, the page follows without a reload.
+                await rq.ack(leased[:2], now_ms=T0 + 200)
+                await expect(row.locator('[data-field="running"]')).to_have_text("4", timeout=8000)
+
+                await row.locator("a").click()
+                await expect(page.locator('#tiles [data-field="queued"]')).to_have_text("10")
+                variant = page.locator('#variants tr[data-key="tenant-a"]')
+                await expect(variant.locator('[data-field="queued"]')).to_have_text("8")
+
+                dlq_row = page.locator('#dlq tr[data-run="r1"]')
+                await expect(dlq_row).to_have_count(1)
+                await dlq_row.locator("button.redrive").click()
+                await expect(page.locator("#flash")).to_have_text("redriven r1")
+                await expect(page.locator('#dlq tr[data-run="r1"]')).to_have_count(0)
+                await expect(page.locator("#dlq-count")).to_have_text("0")
+                assert await rq.run_state(env, "r1") == "queued"
+            finally:
+                await browser.close()
+
+
+# ---------------------------------------------------------------------- README screenshot
+
+TENANTS = {"acme": 600, "globex": 40, "initech": 35, "umbrella": 30, "hooli": 25, "stark": 20}
+
+
+async def realistic_workload(rq: RunQueue, env: Environment, now: int) -> None:
+    """Five simulated minutes of a multi-tenant video queue in fair order: one tenant with
+    a big backlog, light tenants arriving over time, workers recording what they serve."""
+    queue = "video/encode"
+    await rq.set_env_limits(env, concurrency=40)
+    await rq.set_queue_concurrency(env, queue, 4)
+    await rq.set_queue_size_limit(env, queue, 5000)
+    await rq.set_concurrency_key_weight(env, queue, "hooli", 2.0)
+    start = now - 300_000
+    for i in range(TENANTS["acme"]):
+        await rq.enqueue(env, queue, f"acme-{i}", {"clip": i}, concurrency_key="acme",
+                         now_ms=start + i)  # fmt: skip
+    light = [k for k in TENANTS if k != "acme"]
+    running: list[tuple[int, Delivery]] = []
+    for step, t in enumerate(range(start, now, 2_000)):
+        for n, key in enumerate(light):
+            if step >= 15 * (n + 1) and step % 3 == n % 3 and step < 15 * (n + 1) + TENANTS[key]:
+                await rq.enqueue(env, queue, f"{key}-{step}", {"clip": step},
+                                 concurrency_key=key, now_ms=t)  # fmt: skip
+        done = [d for finish, d in running if finish <= t]
+        running = [(finish, d) for finish, d in running if finish > t]
+        if done:
+            await rq.ack(done, now_ms=t)
+        got = await rq.dequeue_from_queue(env, queue, keyed=True, max_count=8, now_ms=t)
+        await metrics.record_dequeue(rq, got, now_ms=t)
+        running += [(t + 6_000 + 500 * (i % 5), d) for i, d in enumerate(got)]
+    for i in range(120):
+        await rq.enqueue(env, "emails/send", f"mail-{i}", {"to": i}, now_ms=now - 20_000 + i)
+    got = await rq.dequeue_from_queue(env, "emails/send", keyed=False, max_count=12, now_ms=now)
+    await rq.pause_queue(env, "reports/monthly")
+    for i in range(8):
+        await rq.enqueue(env, "reports/monthly", f"report-{i}", now_ms=now - 90_000)
+    for i, key in enumerate(("globex", "initech", "stark")):
+        await rq.enqueue(env, "webhooks", f"hook-{key}-{i}", {"url": f"https://{key}.example/cb"},
+                         concurrency_key=key, now_ms=now - 50_000)  # fmt: skip
+        (d,) = await rq.dequeue_from_queue(env, "webhooks", keyed=True, max_count=1, now_ms=now)
+        await rq.nack(d, max_attempts=1, now_ms=now - 40_000 + i * 7_000)
+    staging = Environment("acme", "media", "staging")
+    for i in range(14):
+        await rq.enqueue(staging, "video/encode", f"s-{i}", concurrency_key=f"qa-{i % 3}",
+                         now_ms=now - 5_000)  # fmt: skip
+    await rq.dequeue_from_queue(staging, "video/encode", keyed=True, max_count=3, now_ms=now)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("FAIRQ_DASHBOARD_SCREENSHOT"), reason="set FAIRQ_DASHBOARD_SCREENSHOT=path"
+)
+async def test_render_the_readme_screenshot(
+    chromium: Path, make_queue: MakeQueue, redis_url: str, tmp_path: Path
+) -> None:
+    from playwright.async_api import async_playwright
+
+    rq = await make_queue(vtime={"enabled": True})
+    env = Environment("acme", "media", "prod")
+    await realistic_workload(rq, env, wall_clock_ms())
+    target = Path(os.environ["FAIRQ_DASHBOARD_SCREENSHOT"])
+    with ThreadedDashboard(redis_url, rq.config) as dash:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=str(chromium), args=CHROMIUM_ARGS,
+                headless=True, viewport={"width": 1280, "height": 1400}, device_scale_factor=1,
+            )  # fmt: skip
+            try:
+                page = await browser.new_page()
+                await page.goto(f"{dash.url}/queues/{env.id}/video/encode")
+                await page.wait_for_function("document.body.dataset.refreshed !== undefined")
+                await page.screenshot(path=str(target), full_page=True)
+                await page.goto(dash.url + "/")
+                await page.wait_for_function("document.body.dataset.refreshed !== undefined")
+                await page.screenshot(path=str(target.with_name(target.stem + "-overview.png")))
+            finally:
+                await browser.close()
