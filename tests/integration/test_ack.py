@@ -1,0 +1,141 @@
+"""Ack: a finished run frees its slots and is forgotten; only its lease holder may ack."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fairq.keys import Environment
+from fairq.models import AckStatus
+from fairq.store import RunQueue
+
+T0 = 1_700_000_000_000
+
+
+async def test_ack_frees_queue_and_env_concurrency(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", {"a": 1}, now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    assert (await rq.queue_stats(env, "q")).running == 1
+    assert (await rq.env_stats(env)).running == 1
+
+    assert await rq.ack([d], now_ms=T0 + 5) == [AckStatus.ACKED]
+
+    stats = await rq.queue_stats(env, "q")
+    assert (stats.queued, stats.running, stats.oldest_score_ms) == (0, 0, None)
+    assert (await rq.env_stats(env)).running == 0
+    assert await rq.run_state(env, "r1") is None
+    assert await rq.next_due_ms() is None
+    assert await rq.dequeue(10, now_ms=T0 + 10) == []
+
+
+async def test_ack_deletes_the_run_and_its_lease(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    shard = rq.keys.shard(rq.keys.shard_of(env))
+    message = rq.keys.env(env).message("r1")
+    assert await rq.client.exists(message) == 1
+    assert await rq.client.zscore(shard.leases, d.lease_member) is not None
+
+    await rq.ack([d])
+
+    assert await rq.client.exists(message) == 0
+    assert await rq.client.zscore(shard.leases, d.lease_member) is None
+    # nothing comes back when the (former) lease deadline passes
+    assert await rq.reclaim_lapsed_leases(now_ms=T0 + 10 * 60_000) == 0
+
+
+async def test_second_ack_reports_an_unknown_run(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    assert await rq.ack([d]) == [AckStatus.ACKED]
+    assert await rq.ack([d]) == [AckStatus.UNKNOWN]
+
+
+async def test_ack_of_a_queued_run_is_refused(make_queue: Any, env: Environment) -> None:
+    """fairq's version of "ack before dequeue": without a delivery there is no lease."""
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    await rq.enqueue(env, "q", "r2", now_ms=T0 + 1)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    never_delivered = dataclasses.replace(d, run_id="r2", delivery=0)
+
+    assert await rq.ack([never_delivered]) == [AckStatus.LEASE_LOST]
+
+    assert await rq.run_state(env, "r2") == "queued"
+    assert (await rq.queue_stats(env, "q")).queued == 1
+    assert (await rq.env_stats(env)).running == 1  # r1's slot is untouched
+
+
+async def test_ack_with_a_wrong_delivery_token_changes_nothing(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+
+    assert await rq.ack([dataclasses.replace(d, delivery=d.delivery + 1)]) == [AckStatus.LEASE_LOST]
+    assert await rq.run_state(env, "r1") == "running"
+    assert (await rq.env_stats(env)).running == 1
+    assert await rq.ack([d]) == [AckStatus.ACKED]
+
+
+async def test_ack_frees_a_slot_for_the_next_run(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.set_queue_concurrency(env, "q", 1)
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    await rq.enqueue(env, "q", "r2", now_ms=T0 + 1)
+    (d,) = await rq.dequeue(10, now_ms=T0 + 1)
+    assert await rq.dequeue(10, now_ms=T0 + 1) == []
+
+    await rq.ack([d])
+
+    assert [x.run_id for x in await rq.dequeue(10, now_ms=T0 + 1)] == ["r2"]
+
+
+async def test_ack_of_a_keyed_run_frees_its_variant(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.set_queue_concurrency(env, "q", 1)
+    await rq.enqueue(env, "q", "a1", concurrency_key="a", now_ms=T0)
+    await rq.enqueue(env, "q", "a2", concurrency_key="a", now_ms=T0 + 1)
+    (d,) = await rq.dequeue(10, now_ms=T0 + 1)
+    stats = await rq.queue_stats(env, "q", breakdown=True)
+    assert (stats.queued, stats.running) == (1, 1)
+
+    await rq.ack([d])
+
+    stats = await rq.queue_stats(env, "q", breakdown=True)
+    assert (stats.queued, stats.running) == (1, 0)
+    assert [(v.concurrency_key, v.running) for v in stats.variants] == [("a", 0)]
+    q = rq.keys.queue(env, "q")
+    assert await rq.client.smembers(q.ck_busy) == set()
+    assert [x.run_id for x in await rq.dequeue(10, now_ms=T0 + 1)] == ["a2"]
+
+
+async def test_batched_ack_across_shards_keeps_order(make_queue: Any) -> None:
+    rq: RunQueue = await make_queue(shard_count=8)
+    envs = [Environment("o", "p", name) for name in ("env1", "env2", "env3", "env4", "e1234")]
+    for e in envs:
+        await rq.enqueue(e, "q", "r", now_ms=T0)
+        await rq.enqueue(e, "q", "s", now_ms=T0 + 1)
+    got = []
+    for _ in range(5):
+        got += await rq.dequeue(100, now_ms=T0 + 1)
+    assert len(got) == 10
+    stale = got[3]
+    assert await rq.ack([stale]) == [AckStatus.ACKED]
+
+    statuses = await rq.ack(list(reversed(got)))
+
+    expected = [AckStatus.UNKNOWN if d is stale else AckStatus.ACKED for d in reversed(got)]
+    assert statuses == expected
+    for e in envs:
+        assert (await rq.env_stats(e)).running == 0
+        assert (await rq.queue_stats(e, "q")).running == 0
+
+
+async def test_ack_of_nothing_is_fine(make_queue: Any) -> None:
+    rq: RunQueue = await make_queue()
+    assert await rq.ack([]) == []
