@@ -6,9 +6,23 @@
 -- All but the weights expire after VT_STATE_TTL seconds without writes.
 
 local vt_parked = false
+-- Per script: the floor of each base queue (read once; the dequeue script raises it),
+-- and tags a dequeue has computed but not yet written (see variant_drained).
+local vt_floor_of = {}
+local vt_pending = {}
 
 local function vt_floor(B)
-  return tonumber(redis.call('GET', B .. ':vfloor') or '0')
+  local floor = vt_floor_of[B]
+  if floor == nil then
+    floor = tonumber(redis.call('GET', B .. ':vfloor') or '0')
+    vt_floor_of[B] = floor
+  end
+  return floor
+end
+
+-- The dequeue script's read-repaired (and finally raised) floor.
+local function vt_floor_known(B, floor)
+  vt_floor_of[B] = floor
 end
 
 -- The tag a variant joins at: a returning variant comes back at max(floor, parked);
@@ -38,10 +52,16 @@ local function variant_filled(B, ck)
 end
 
 -- A drained variant leaves the order; a tag above the floor is parked so the
--- variant cannot drain and re-enter to reset the credit it consumed.
-local function variant_drained(B, ck)
-  local tag = redis.call('ZSCORE', B .. ':vtime', ck)
-  if not tag then return end
+-- variant cannot drain and re-enter to reset the credit it consumed. The tag is,
+-- in order: known_tag, the tag a dequeue just computed for it, or its stored tag.
+local function variant_drained(B, ck, known_tag)
+  local key = B .. '|' .. ck
+  local tag = known_tag or vt_pending[key]
+  vt_pending[key] = nil
+  if tag == nil then
+    tag = redis.call('ZSCORE', B .. ':vtime', ck)
+    if not tag then return end
+  end
   redis.call('ZREM', B .. ':vtime', ck)
   if tonumber(tag) > vt_floor(B) then
     redis.call('ZADD', B .. ':vidle', tag, ck)
