@@ -219,10 +219,19 @@ class EmbeddedCluster:
             time.sleep(0.05)
         raise EmbeddedServerError(f"cluster not ok after {timeout}s: {last}")
 
-    def stop_node(self, index: int) -> None:
-        """Stop one node (SIGTERM: it writes its AOF and ``nodes.conf`` on the way out)."""
+    def stop_node(self, index: int, *, kill: bool = False) -> None:
+        """Stop one node, keeping its directory for a restart.
+
+        Args:
+            kill: SIGKILL (a crash: only what the AOF already holds survives; with
+                ``appendfsync="always"`` that is every acknowledged write) instead of
+                SIGTERM (a clean shutdown that flushes the AOF).
+        """
         node = self.nodes[index]
         node._own_dir = False  # keep its directory: it is restarted from it
+        if kill and node.process is not None and node.process.poll() is None:
+            node.process.kill()
+            node.process.wait(10)
         node.stop()
 
     def start_node(self, index: int, timeout: float = 30.0) -> None:
@@ -230,13 +239,15 @@ class EmbeddedCluster:
         self.nodes[index].start()
         self.wait_ok(timeout)
 
-    def restart_node(self, index: int, *, down_s: float = 0.0, timeout: float = 30.0) -> None:
+    def restart_node(
+        self, index: int, *, down_s: float = 0.0, kill: bool = False, timeout: float = 30.0
+    ) -> None:
         """Stop node ``index``, stay down ``down_s`` seconds, start it again on the same port.
 
         The node comes back with its identity and slots (``nodes.conf``) and its data (AOF);
         returns once every node reports ``cluster_state:ok`` again.
         """
-        self.stop_node(index)
+        self.stop_node(index, kill=kill)
         if down_s > 0:
             time.sleep(down_s)
         self.start_node(index, timeout)
