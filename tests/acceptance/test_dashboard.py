@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -290,6 +292,34 @@ def test_cli_refuses_to_bind_beyond_loopback_without_a_token() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "FAIRQ_DASHBOARD_TOKEN" in done.stderr and "--token" in done.stderr
+
+
+def test_cli_serves_with_a_token_and_stops_cleanly_on_ctrl_c(redis_url: str) -> None:
+    fairq = shutil.which("fairq") or str(Path(sys.executable).with_name("fairq"))
+    port = free_port()
+    proc = subprocess.Popen(
+        [fairq, "dashboard", "--url", redis_url, "--port", str(port)],
+        env={**os.environ, "FAIRQ_DASHBOARD_TOKEN": "t0k"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+            for _ in range(200):  # wait until it listens (not an ordering sleep)
+                try:
+                    refused = http.get("/metrics")
+                    break
+                except httpx.TransportError:
+                    assert proc.poll() is None, proc.communicate()[0]
+                    time.sleep(0.05)
+            else:
+                raise AssertionError("the dashboard did not start listening")
+            assert refused.status_code == 401
+            assert http.get("/metrics", headers={"Authorization": "Bearer t0k"}).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    assert f"http://127.0.0.1:{port}/?token=t0k" in out
 
 
 # ---------------------------------------------------------------------- real browser

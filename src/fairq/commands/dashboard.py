@@ -36,14 +36,22 @@ def is_loopback(host: str) -> bool:
     f"Required when --host is not a loopback address. Env: {TOKEN_ENV}.",
 )
 @url_option
-@run_async
-async def command(host: str, port: int, token: str | None, url: str | None) -> None:
+def command(host: str, port: int, token: str | None, url: str | None) -> None:
     """Serve the live dashboard: queues, CK variants, dead letters, served share, /metrics."""
     if not is_loopback(host) and not token:
         raise click.UsageError(
             f"--host {host} exposes the dashboard beyond this machine: give it an access "
             f"token with --token or {TOKEN_ENV}."
         )
+    try:
+        _serve(host, port, token, url)
+    except KeyboardInterrupt:
+        # uvicorn shuts down gracefully on Ctrl-C, then re-raises the signal: a clean exit.
+        click.echo("dashboard stopped")
+
+
+@run_async
+async def _serve(host: str, port: int, token: str | None, url: str | None) -> None:
     from fairq.dashboard.app import create_server
 
     rq = await open_queue(url)
