@@ -1,0 +1,140 @@
+"""``fairq sim``: run fairness scenarios through the real scripts (see docs/simulator.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fairq.commands._common import run_async, url_option
+
+
+def _summary_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Mean over seeds per (scenario, discipline): makespan, worst share, group waits."""
+    acc: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        acc.setdefault((str(r["scenario"]), str(r["discipline"])), []).append(r)
+    rows: list[tuple[str, ...]] = []
+    for (scenario, discipline), rs in acc.items():
+        n = len(rs)
+        makespan = sum(r["makespan"] for r in rs) / n
+        worst = sum(r["contention_worst_share"] for r in rs) / n
+        waits = ", ".join(
+            f"{g} {sum(r['groups'][g]['mean_wait'] for r in rs) / n:.1f}" for g in rs[0]["groups"]
+        )
+        lost = sum(r["enqueued"] - r["served"] for r in rs)
+        dups = sum(r["duplicates"] for r in rs)
+        rows.append(
+            (scenario, discipline, f"{makespan:.0f}", f"{worst:.3f}", waits, f"{lost}/{dups}")
+        )
+    return rows
+
+
+@click.command("sim")
+@click.argument("scenarios", nargs=-1)
+@click.option(
+    "--discipline", "-d", "disciplines", multiple=True,
+    help="Comma-separated specs: age, sfq[:opt=val,...], drr, stride, codel:INNER. "
+    "'table' = each scenario's own table. Default: age,sfq.",
+)  # fmt: skip
+@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Run seeds 0..N-1.")  # fmt: skip
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write the records (a JSON list) to FILE ('-' = stdout).")  # fmt: skip
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
+              help="Write one PNG per scenario (seed 0) into DIR.")  # fmt: skip
+@click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
+@url_option
+@run_async
+async def command(
+    scenarios: tuple[str, ...],
+    disciplines: tuple[str, ...],
+    seeds: int,
+    json_path: str | None,
+    plot_dir: str | None,
+    list_only: bool,
+    quiet: bool,
+    url: str | None,
+) -> None:
+    """Run SCENARIO... (built-in names or .toml files) under each discipline and seed.
+
+    Without --url / FAIRQ_REDIS_URL the simulator starts its own private embedded Valkey,
+    so runs are isolated and their JSON is reproducible. 'all' runs every built-in.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from fairq.sim.disciplines import DisciplineError, parse_discipline, split_discipline_list
+    from fairq.sim.runner import RunSpec, plan, run_all
+    from fairq.sim.scenario import builtin_scenarios, resolve_scenario
+
+    console = Console(stderr=True)
+    out = Console()
+    if list_only:
+        for s in builtin_scenarios():
+            out.print(f"[bold]{s.name:<18}[/bold] {s.grain:<5} {s.description}", highlight=False)
+            out.print(f"{'':<18} table: {' '.join(s.disciplines)}", highlight=False, soft_wrap=True)
+        return
+    if not scenarios:
+        raise click.UsageError("name at least one SCENARIO (or 'all'), or use --list")
+    chosen = []
+    for name in scenarios:
+        chosen.extend(builtin_scenarios() if name == "all" else [resolve_scenario(name)])
+    specs = split_discipline_list(list(disciplines) or ["age,sfq"])
+    use_tables = specs == ["table"]
+    if not use_tables:
+        try:
+            specs = [parse_discipline(s).spec for s in specs]
+        except DisciplineError as exc:
+            raise click.BadParameter(str(exc), param_hint="--discipline") from None
+    runs = plan(chosen, None if use_tables else specs, seeds)
+
+    def keep(spec: RunSpec) -> bool:
+        return plot_dir is not None and spec.seed == 0
+
+    show = (not quiet and sys.stderr.isatty()) or (not quiet and len(runs) > 1)
+    if show:
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, transient=True,
+        ) as progress:  # fmt: skip
+            task = progress.add_task("simulating", total=len(runs))
+
+            def done(spec: RunSpec, record: dict[str, object]) -> None:
+                progress.update(
+                    task, advance=1,
+                    description=f"{spec.scenario.name} {spec.discipline.spec} seed {spec.seed}",
+                )  # fmt: skip
+
+            records, traces = await run_all(url, runs, on_done=done, keep_traces=keep)
+    else:
+        records, traces = await run_all(url, runs, keep_traces=keep)
+
+    if json_path:
+        text = json.dumps(records, indent=2, sort_keys=False) + "\n"
+        if json_path == "-":
+            sys.stdout.write(text)
+        else:
+            await asyncio.to_thread(Path(json_path).write_text, text, encoding="utf-8")
+    if plot_dir:
+        from fairq.sim.plots import plot_scenario
+
+        by_scenario: dict[str, dict[str, object]] = {}
+        for (scenario, label, _seed), trace in traces.items():
+            by_scenario.setdefault(scenario, {})[label] = trace
+        for scenario, per_label in by_scenario.items():
+            path = plot_scenario(scenario, per_label, Path(plot_dir))  # type: ignore[arg-type]
+            if not quiet:
+                console.print(f"wrote {path}")
+    if not quiet and json_path != "-":
+        table = Table("scenario", "discipline", "makespan", "worst S/W", "mean wait per group",
+                      "lost/dup", title=f"mean over {seeds} seed(s); waits in steps")  # fmt: skip
+        for row in _summary_rows(records):
+            table.add_row(*row)
+        out.print(table)

@@ -1,0 +1,293 @@
+"""Disciplines the simulator can run, and the driver-side reference models.
+
+Spec grammar: ``NAME[:OPT=VALUE[,OPT=VALUE...]]``, or ``codel:INNER`` with INNER any
+other spec. ``age`` and ``sfq`` run fairq's real scripts (flag off / flag on); ``drr`` and
+``stride`` are driver-side reference models that pick one key per dequeue call
+(``max_count`` 1, as the seed's spikes did); ``codel`` hoists the stalest key when the
+standing delay stays above a target (the seed's CoDel wrapper) and otherwise defers to
+its inner discipline.
+
+Options:
+
+=======================  =====================  =============================================
+option                   disciplines            meaning
+=======================  =====================  =============================================
+join                     sfq                    ``floor`` | ``behind_leader`` (join policy)
+arrival_cap              sfq                    with behind_leader: max start above the floor
+quantum                  sfq, drr               virtual time per serve / DRR quantum
+window                   age, sfq               scan window multiplier
+max_per_key_per_call     age, sfq               serves per variant per call
+per_key_cap              all                    real per-key gate (0 = none)
+total_cap                all                    driver-modelled total cap (0 = none)
+target, interval         codel                  standing-delay target and interval (steps)
+=======================  =====================  =============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fairq.errors import FairqError
+
+REAL = ("age", "sfq")
+MODELS = ("drr", "stride")
+NAMES = (*REAL, *MODELS, "codel")
+
+_OPTIONS: dict[str, dict[str, type]] = {
+    "age": {"window": int, "max_per_key_per_call": int, "per_key_cap": int, "total_cap": int},
+    "sfq": {
+        "join": str,
+        "arrival_cap": float,
+        "quantum": float,
+        "window": int,
+        "max_per_key_per_call": int,
+        "per_key_cap": int,
+        "total_cap": int,
+    },
+    "drr": {"quantum": float, "per_key_cap": int, "total_cap": int},
+    "stride": {"per_key_cap": int, "total_cap": int},
+}
+_CODEL_OPTIONS: dict[str, type] = {"target": int, "interval": int}
+
+
+class DisciplineError(FairqError, ValueError):
+    """A discipline spec cannot be parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Discipline:
+    """A parsed discipline spec.
+
+    Attributes:
+        name: ``age``, ``sfq``, ``drr`` or ``stride`` (for codel: the inner's name).
+        options: validated options (see the module docstring).
+        codel: CoDel wrapper options when wrapped, else None.
+    """
+
+    name: str
+    options: dict[str, object] = field(default_factory=dict)
+    codel: dict[str, int] | None = None
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec string (options sorted)."""
+        inner = self.name
+        if self.options:
+            inner += ":" + ",".join(f"{k}={_fmt(v)}" for k, v in sorted(self.options.items()))
+        if self.codel is None:
+            return inner
+        wrapper = "codel"
+        if self.codel:
+            wrapper += "[" + ",".join(f"{k}={v}" for k, v in sorted(self.codel.items())) + "]"
+        return f"{wrapper}:{inner}"
+
+    @property
+    def real(self) -> bool:
+        return self.name in REAL
+
+    def cap(self, name: str, default: int) -> int:
+        value = self.options.get(name, default)
+        assert isinstance(value, int)
+        return value
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _convert(name: str, option: str, raw: str, kind: type) -> object:
+    value: object = raw
+    try:
+        if kind is int:
+            number = int(raw)
+            if number < 0:
+                raise ValueError
+            value = number
+        elif kind is float:
+            real = float(raw)
+            if not real > 0:
+                raise ValueError
+            value = real
+    except ValueError:
+        expected = "non-negative integer" if kind is int else "positive number"
+        raise DisciplineError(f"{name}: option {option}={raw!r} must be a {expected}") from None
+    if option == "join" and value not in ("floor", "behind_leader"):
+        raise DisciplineError(f"{name}: join must be 'floor' or 'behind_leader', got {raw!r}")
+    if option in ("window", "max_per_key_per_call", "target", "interval") and value == 0:
+        raise DisciplineError(f"{name}: {option} must be at least 1")
+    return value
+
+
+def _options(name: str, text: str, allowed: dict[str, type]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        option, eq, raw = part.partition("=")
+        option = option.strip()
+        if not eq:
+            raise DisciplineError(f"{name}: option {part!r} must be written as name=value")
+        if option not in allowed:
+            raise DisciplineError(
+                f"{name}: unknown option {option!r} (allowed: {', '.join(sorted(allowed))})"
+            )
+        out[option] = _convert(name, option, raw.strip(), allowed[option])
+    return out
+
+
+def parse_discipline(spec: str) -> Discipline:
+    """Parse ``age``, ``sfq:join=behind_leader``, ``codel:sfq``, ``codel[target=3]:age``...
+
+    Raises:
+        DisciplineError: unknown name or option, or a bad value.
+    """
+    text = spec.strip()
+    codel: dict[str, int] | None = None
+    if text.startswith("codel"):
+        head, sep, rest = text.partition(":")
+        if not sep or not rest:
+            raise DisciplineError("codel needs an inner discipline, e.g. codel:sfq")
+        codel = {}
+        if head != "codel":
+            if not (head.startswith("codel[") and head.endswith("]")):
+                raise DisciplineError(
+                    f"cannot parse {head!r}; write codel[target=5,interval=10]:INNER"
+                )
+            codel = {k: int(v) for k, v in _options("codel", head[6:-1], _CODEL_OPTIONS).items()}  # type: ignore[call-overload]
+        text = rest
+        if text.startswith("codel"):
+            raise DisciplineError("codel cannot wrap codel")
+    name, _, opts = text.partition(":")
+    name = name.strip()
+    if name not in _OPTIONS:
+        raise DisciplineError(f"unknown discipline {name!r} (known: {', '.join(NAMES)})")
+    return Discipline(name, _options(name, opts, _OPTIONS[name]), codel)
+
+
+def split_discipline_list(values: list[str] | tuple[str, ...]) -> list[str]:
+    """Split ``--discipline`` values on commas; a piece with ``=`` and no ``:`` continues
+    the previous spec's options (``sfq:join=behind_leader,arrival_cap=2``)."""
+    out: list[str] = []
+    for value in values:
+        for piece in (p.strip() for p in value.split(",")):
+            if not piece:
+                continue
+            if out and "=" in piece and ":" not in piece.split("=", 1)[0]:
+                head = piece.split("=", 1)[0]
+                if head not in NAMES and not head.startswith("codel"):
+                    out[-1] += "," + piece
+                    continue
+            out.append(piece)
+    return out
+
+
+# --------------------------------------------------------------------------- models
+
+
+class Model:
+    """A driver-side ordering model over keys (registration order breaks ties)."""
+
+    def __init__(self, weights: dict[str, float], order: list[str]) -> None:
+        self.weights = weights
+        self.rank = {k: i for i, k in enumerate(order)}
+
+    def pick(self, ready: list[str], backlogged: set[str]) -> str | None:  # pragma: no cover
+        """The next key to serve among ``ready`` (servable now); ``backlogged`` is every
+        key with queued work, servable or not."""
+        raise NotImplementedError
+
+    def served(self, key: str) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class StrideModel(Model):
+    """Stride scheduling: lowest pass first; pass += 1 / weight per serve; a key that
+    (re)activates starts at the global pass (monotonic), so idling earns no credit."""
+
+    def __init__(self, weights: dict[str, float], order: list[str]) -> None:
+        super().__init__(weights, order)
+        self.passes: dict[str, float] = {}
+        self.global_pass = 0.0
+
+    def pick(self, ready: list[str], backlogged: set[str]) -> str | None:
+        if not ready:
+            return None
+        for k in ready:
+            self.passes[k] = max(self.passes.get(k, self.global_pass), self.global_pass)
+        low = min(self.passes[k] for k in ready)
+        self.global_pass = max(self.global_pass, low)
+        return min(ready, key=lambda k: (self.passes[k], self.rank[k]))
+
+    def served(self, key: str) -> None:
+        self.passes[key] = self.passes.get(key, self.global_pass) + 1.0 / self.weights[key]
+
+
+class DrrModel(Model):
+    """Deficit round robin with unit-cost messages: a ring in registration order; a key
+    whose turn comes gains ``quantum x weight`` credit and is served while it has >= 1;
+    an empty key's credit is reset."""
+
+    def __init__(self, weights: dict[str, float], order: list[str], quantum: float = 1.0) -> None:
+        super().__init__(weights, order)
+        self.quantum = quantum
+        self.ring = list(order)
+        self.cursor = 0
+        self.deficit: dict[str, float] = dict.fromkeys(order, 0.0)
+        self.fresh_turn = True
+
+    def pick(self, ready: list[str], backlogged: set[str]) -> str | None:
+        if not ready:
+            return None
+        ready_set = set(ready)
+        for _ in range(len(self.ring) * 1000 + 1):
+            key = self.ring[self.cursor]
+            if key not in ready_set:
+                if key not in backlogged:
+                    self.deficit[key] = 0.0
+                self._next()
+                continue
+            if self.fresh_turn:
+                self.deficit[key] += self.quantum * self.weights[key]
+                self.fresh_turn = False
+            if self.deficit[key] >= 1.0 - 1e-9:
+                return key
+            self._next()
+        return None  # pragma: no cover - only with absurd weights
+
+    def _next(self) -> None:
+        self.cursor = (self.cursor + 1) % len(self.ring)
+        self.fresh_turn = True
+
+    def served(self, key: str) -> None:
+        self.deficit[key] -= 1.0
+
+
+def make_model(d: Discipline, weights: dict[str, float], order: list[str]) -> Model:
+    if d.name == "drr":
+        q = d.options.get("quantum", 1.0)
+        assert isinstance(q, float)
+        return DrrModel(weights, order, q)
+    return StrideModel(weights, order)
+
+
+@dataclass
+class CoDelState:
+    """The seed's CoDel wrapper state: once the smallest sojourn served in a step has
+    stayed above ``target`` for ``interval`` steps, the next steps start by serving the
+    stalest key (hoist) until a step's smallest sojourn drops to the target again."""
+
+    target: int = 5
+    interval: int = 10
+    first_above: int | None = None
+    dropping: bool = False
+
+    def observe(self, step: int, sojourns: list[int]) -> None:
+        if not sojourns:
+            return
+        if min(sojourns) <= self.target:
+            self.first_above = None
+            self.dropping = False
+        elif self.first_above is None:
+            self.first_above = step + self.interval
+        elif step >= self.first_above:
+            self.dropping = True

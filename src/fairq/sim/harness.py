@@ -1,0 +1,472 @@
+"""The deterministic step harness: drives fairq's real scripts on a logical clock.
+
+One run = one scenario x one discipline x one seed, on a fresh key prefix. Step ``k``
+has the clock ``now_ms = BASE_MS + k x STEP_MS``; on each step, in this order:
+
+1. runs whose hold has ended are acked (``RunQueue.ack``, logical clock);
+2. the messages arriving at this step are enqueued (``RunQueue.enqueue_many``);
+3. one batched dequeue: grain ``ck`` calls ``dequeue_from_queue(..., keyed=True)``,
+   grain ``queue`` calls ``dequeue(...)`` over the environment's queues (``age`` = the
+   flag off, ``sfq`` = the flag on; the scripts decide the order, the harness never does).
+   The reference models (``drr``, ``stride``) and CoDel's hoist instead choose one key
+   and serve it with a ``max_count`` 1 call of the age-order script (at grain ``ck`` by
+   re-scoring that variant's ``ckindex`` entry first, exactly as the seed's spike did);
+4. every delivered message is recorded with its step.
+
+Steps on which nothing can change are skipped (the previous call served nothing and no
+ack or arrival is due); nothing sleeps. Arrival shapes follow the seed's spikes: a
+backlog arrives at step 0 with one shared old timestamp, later messages carry their own
+later timestamps (with a seeded sub-step offset, so no tie is ever broken by key name).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from fairq import keys as K
+from fairq.config import RunQueueConfig, VirtualTimeOptions
+from fairq.keys import Environment
+from fairq.models import Delivery, EnqueueRequest
+from fairq.server import AnyRedis
+from fairq.sim.disciplines import CoDelState, Discipline, Model, make_model
+from fairq.sim.scenario import Hold, Scenario
+from fairq.store import RunQueue
+
+#: Logical epoch of step 0 (ms).
+BASE_MS = 1_700_000_000_000
+#: Logical length of one step (ms).
+STEP_MS = 1_000
+#: How old the shared timestamp of a step-0 backlog is (ms).
+BACKLOG_AGE_MS = 3_600_000
+#: The environment every simulation runs in.
+SIM_ENV = Environment("sim", "fairness", "run")
+#: The base queue of grain ``ck`` scenarios.
+CK_QUEUE = "work"
+#: Lease long enough that no simulated hold ever loses it.
+SIM_LEASE_MS = 86_400_000
+#: Commands that are the harness's own bookkeeping, not the queue's work.
+_UNCOUNTED = ("info", "config", "client", "hello", "ping", "script", "select", "auth", "command")
+
+
+def now_of(step: int) -> int:
+    """The logical clock of a step (ms)."""
+    return BASE_MS + step * STEP_MS
+
+
+@dataclass(slots=True)
+class SimMessage:
+    """One generated message."""
+
+    run_id: str
+    key: str
+    group: str
+    queue: str
+    arrival_step: int
+    score_ms: int
+    hold: int
+
+
+@dataclass
+class Workload:
+    """Every message of a scenario for one seed, and the keys in declaration order."""
+
+    messages: list[SimMessage]
+    keys: list[str]
+    key_group: dict[str, str]
+    key_weight: dict[str, float]
+    key_queues: dict[str, list[str]]
+
+
+def _hold(h: Hold, rng: random.Random) -> int:
+    if h.kind == "fixed":
+        return h.steps
+    if h.kind == "uniform":
+        return rng.randint(h.low, h.high)
+    return max(1, round(rng.expovariate(1.0 / h.mean)))
+
+
+def generate(scenario: Scenario, seed: int) -> Workload:
+    """The scenario's messages for ``seed``: identical for every discipline."""
+    rng = random.Random(f"{scenario.name}/{seed}")
+    messages: list[SimMessage] = []
+    keys: list[str] = []
+    key_group: dict[str, str] = {}
+    key_weight: dict[str, float] = {}
+    key_queues: dict[str, list[str]] = {}
+    for g in scenario.groups:
+        hold = g.hold or scenario.hold
+        a = g.arrival
+        for i in range(g.keys):
+            key = f"{g.name}-{i}"
+            keys.append(key)
+            key_group[key] = g.name
+            key_weight[key] = g.weight
+            if scenario.grain == "ck":
+                queues = [CK_QUEUE]
+            elif g.queues_per_key == 1:
+                queues = [key]
+            else:
+                queues = [f"{key}.q{j}" for j in range(g.queues_per_key)]
+            key_queues[key] = queues
+            offset = a.stagger * i
+            shared_step = math.floor(a.start + offset)
+            shared_score = now_of(shared_step) - rng.randrange(STEP_MS)
+            t = a.start + offset
+            for j in range(g.messages_per_key):
+                if a.kind == "backlog":
+                    step = math.floor(offset)
+                    score = now_of(0) - BACKLOG_AGE_MS if step == 0 else shared_score
+                elif a.kind == "burst":
+                    step, score = shared_step, shared_score
+                else:
+                    if a.kind == "interval":
+                        step = math.floor(a.start + offset) + j * a.every
+                    else:
+                        t += rng.expovariate(a.rate)
+                        step = math.floor(t)
+                    score = now_of(step) - rng.randrange(STEP_MS)
+                messages.append(
+                    SimMessage(
+                        run_id=f"{key}.{j}",
+                        key=key,
+                        group=g.name,
+                        queue=queues[j % len(queues)],
+                        arrival_step=step,
+                        score_ms=score,
+                        hold=_hold(hold, rng),
+                    )
+                )
+    return Workload(messages, keys, key_group, key_weight, key_queues)
+
+
+@dataclass
+class Trace:
+    """What one run did: the raw material of every metric and plot."""
+
+    workload: Workload
+    serve_step: dict[str, int] = field(default_factory=dict)
+    deliveries: int = 0
+    duplicates: int = 0
+    dequeue_calls: int = 0
+    last_step: int = 0
+    commands: int = 0
+    truncated: bool = False
+
+
+async def command_calls(client: AnyRedis) -> int:
+    """Successful calls in INFO commandstats (``calls - failed_calls``, so a first EVALSHA
+    that meets NOSCRIPT is not counted), minus the harness's own bookkeeping."""
+    stats = await client.info("commandstats")
+    total = 0
+    for name, row in stats.items():
+        command = str(name).removeprefix("cmdstat_")
+        if command.split("|", 1)[0] in _UNCOUNTED:
+            continue
+        if isinstance(row, dict):
+            total += int(row.get("calls", 0)) - int(row.get("failed_calls", 0))
+    return total
+
+
+class Simulation:
+    """One run of a scenario under a discipline and a seed on a fresh key prefix."""
+
+    def __init__(
+        self,
+        client: AnyRedis,
+        scenario: Scenario,
+        discipline: Discipline,
+        seed: int,
+        *,
+        prefix: str,
+    ) -> None:
+        self.client = client
+        self.scenario = scenario
+        self.discipline = discipline
+        self.seed = seed
+        self.prefix = prefix
+        self.per_key_cap = discipline.cap("per_key_cap", scenario.per_key_cap)
+        self.total_cap = discipline.cap("total_cap", scenario.total_cap)
+        opts = discipline.options
+        vtime = VirtualTimeOptions(
+            enabled=discipline.name == "sfq",
+            quantum=float(opts.get("quantum", 1.0)) if discipline.name == "sfq" else 1.0,  # type: ignore[arg-type]
+            scan_window_multiplier=int(opts.get("window", 3)),  # type: ignore[call-overload]
+            join_policy=str(opts.get("join", "floor")),  # type: ignore[arg-type]
+            arrival_cap=float(opts.get("arrival_cap", 2.0**32)),  # type: ignore[arg-type]
+        )
+        config = RunQueueConfig(
+            prefix=prefix,
+            shard_count=1,
+            default_env_concurrency=scenario.env_concurrency,
+            lease_ms=SIM_LEASE_MS,
+            max_per_key_per_call=int(opts.get("max_per_key_per_call", 1)),  # type: ignore[call-overload]
+            vtime=vtime,
+        )
+        self.rq = RunQueue(client, config, rng=random.Random(f"select/{scenario.name}/{seed}"))
+        # the age-order script, for the reference models' and CoDel's one-key serves
+        self.aged = RunQueue(
+            client,
+            RunQueueConfig(
+                prefix=prefix, shard_count=1, default_env_concurrency=scenario.env_concurrency,
+                lease_ms=SIM_LEASE_MS,
+            ),
+            rng=random.Random(0),
+        )  # fmt: skip
+        self.workload = generate(scenario, seed)
+        self.trace = Trace(self.workload)
+        w = self.workload
+        self.model: Model | None = (
+            make_model(discipline, w.key_weight, w.keys)
+            if discipline.name in ("drr", "stride")
+            else None
+        )
+        self.codel: CoDelState | None = None
+        if discipline.codel is not None:
+            self.codel = CoDelState(
+                target=discipline.codel.get("target", 5),
+                interval=discipline.codel.get("interval", 10),
+            )
+        self.by_id = {m.run_id: m for m in w.messages}
+        self.queue_of_key = w.key_queues
+        # driver-side bookkeeping (never consulted by age/sfq, which the scripts order)
+        self.waiting: dict[str, deque[SimMessage]] = {}
+        for key in w.keys:
+            for q in w.key_queues[key]:
+                self.waiting.setdefault(self._slot(key, q), deque())
+        self.busy: Counter[str] = Counter()
+        self.inflight_total = 0
+        self.taken: set[str] = set()
+
+    def _slot(self, key: str, queue: str) -> str:
+        """The unit a per-key cap gates: the variant (grain ck) or the base queue."""
+        return key if self.scenario.grain == "ck" else queue
+
+    # ------------------------------------------------------------------ setup
+
+    async def setup(self) -> None:
+        s = self.scenario
+        await self.rq.set_env_limits(
+            SIM_ENV, concurrency=s.env_concurrency, burst_factor=s.burst_factor
+        )
+        queues = sorted({q for qs in self.queue_of_key.values() for q in qs})
+        if self.per_key_cap:
+            for q in queues:
+                await self.rq.set_queue_concurrency(SIM_ENV, q, self.per_key_cap)
+        if s.grain == "ck":
+            for key, weight in self.workload.key_weight.items():
+                if weight != 1.0:
+                    await self.rq.set_concurrency_key_weight(SIM_ENV, CK_QUEUE, key, weight)
+
+    async def cleanup(self) -> None:
+        """Delete every key of this run's prefix (single-key commands, cluster-safe)."""
+        batch: list[bytes] = []
+        async for key in self.client.scan_iter(match="{" + self.prefix + ".*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                await self._delete(batch)
+                batch = []
+        await self._delete(batch)
+
+    async def _delete(self, batch: list[bytes]) -> None:
+        if batch:
+            pipe = self.client.pipeline(transaction=False)
+            for key in batch:
+                pipe.unlink(key)
+            await pipe.execute()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> Trace:
+        """Run to completion (or ``steps_limit``) and return the trace."""
+        await self.setup()
+        before = await command_calls(self.client)
+        arrivals: dict[int, list[SimMessage]] = {}
+        for m in self.workload.messages:
+            arrivals.setdefault(m.arrival_step, []).append(m)
+        arrival_steps = sorted(arrivals)
+        next_arrival = 0
+        releases: list[tuple[int, int, Delivery]] = []
+        seq = 0
+        queued = 0
+        step = arrival_steps[0] if arrival_steps else 0
+        limit = self.scenario.steps_limit
+        while step <= limit:
+            now = now_of(step)
+            due: list[Delivery] = []
+            while releases and releases[0][0] <= step:
+                due.append(heapq.heappop(releases)[2])
+            if due:
+                await self.rq.ack(due, now_ms=now)
+                for d in due:
+                    m = self.by_id[d.run_id]
+                    self.busy[self._slot(m.key, m.queue)] -= 1
+                    self.inflight_total -= 1
+            if next_arrival < len(arrival_steps) and arrival_steps[next_arrival] == step:
+                batch = arrivals[step]
+                next_arrival += 1
+                await self.rq.enqueue_many(
+                    [
+                        EnqueueRequest(
+                            SIM_ENV,
+                            m.queue,
+                            m.run_id,
+                            None,
+                            m.key if self.scenario.grain == "ck" else None,
+                            available_at_ms=m.score_ms,
+                        )
+                        for m in batch
+                    ],
+                    now_ms=now,
+                )
+                for m in sorted(batch, key=lambda m: (m.score_ms, m.run_id)):
+                    self.waiting[self._slot(m.key, m.queue)].append(m)
+                queued += len(batch)
+            served = 0
+            if queued:
+                delivered = await self.dequeue(step, now)
+                sojourns: list[int] = []
+                for d in delivered:
+                    m = self.by_id[d.run_id]
+                    self.trace.deliveries += 1
+                    if d.run_id in self.trace.serve_step:
+                        self.trace.duplicates += 1
+                    else:
+                        self.trace.serve_step[d.run_id] = step
+                        queued -= 1
+                        served += 1
+                        sojourns.append(step - m.arrival_step)
+                    seq += 1
+                    heapq.heappush(releases, (step + m.hold, seq, d))
+                if self.codel is not None:
+                    self.codel.observe(step, sojourns)
+                if served:
+                    self.trace.last_step = step
+            done = next_arrival >= len(arrival_steps) and queued == 0 and not releases
+            if done:
+                break
+            if served and queued:
+                step += 1
+                continue
+            candidates = []
+            if next_arrival < len(arrival_steps):
+                candidates.append(arrival_steps[next_arrival])
+            if releases:
+                candidates.append(releases[0][0])
+            if not candidates:
+                break  # queued work that nothing can ever serve: reported as lost
+            step = max(step + 1, min(candidates))
+        else:
+            self.trace.truncated = True
+        self.trace.commands = await command_calls(self.client) - before
+        return self.trace
+
+    # ------------------------------------------------------------------ one step's dequeue
+
+    async def dequeue(self, step: int, now: int) -> list[Delivery]:
+        budget = self.scenario.max_count
+        if self.total_cap:
+            budget = min(budget, self.total_cap - self.inflight_total)
+        if budget <= 0:
+            return []
+        out: list[Delivery] = []
+        if self.codel is not None and self.codel.dropping:
+            stalest = self._stalest()
+            if stalest is not None:
+                out += self._took(await self._serve_one(stalest, now))
+        remaining = budget - len(out)
+        if remaining <= 0:
+            return out
+        if self.model is None:
+            self.trace.dequeue_calls += 1
+            if self.scenario.grain == "ck":
+                got = await self.rq.dequeue_from_queue(
+                    SIM_ENV, CK_QUEUE, keyed=True, max_count=remaining, now_ms=now
+                )
+            else:
+                got = await self.rq.dequeue(remaining, now_ms=now)
+            return out + self._took(got)
+        for _ in range(remaining):
+            ready = self._ready_keys()
+            backlogged = {k for k in self.workload.keys if self._has_work(k)}
+            key = self.model.pick(ready, backlogged)
+            if key is None:
+                break
+            got = self._took(await self._serve_one(key, now))
+            if not got:
+                break
+            for d in got:
+                self.model.served(self.by_id[d.run_id].key)
+            out += got
+        return out
+
+    def _took(self, delivered: list[Delivery]) -> list[Delivery]:
+        """Driver bookkeeping for delivered runs: off the waiting lists, into the slots."""
+        for d in delivered:
+            m = self.by_id[d.run_id]
+            slot = self._slot(m.key, m.queue)
+            if d.run_id not in self.taken:
+                self.taken.add(d.run_id)
+                q = self.waiting[slot]
+                if q and q[0] is m:
+                    q.popleft()
+                else:
+                    q.remove(m)
+            self.busy[slot] += 1
+            self.inflight_total += 1
+        return delivered
+
+    def _has_work(self, key: str) -> bool:
+        return any(self.waiting[self._slot(key, q)] for q in self.queue_of_key[key])
+
+    def _open_slots(self, key: str) -> list[str]:
+        """The key's slots (variant or queues) with waiting work and room under the cap."""
+        slots = [self._slot(key, q) for q in self.queue_of_key[key]]
+        return [
+            s for s in dict.fromkeys(slots)
+            if self.waiting[s] and (not self.per_key_cap or self.busy[s] < self.per_key_cap)
+        ]  # fmt: skip
+
+    def _ready_keys(self) -> list[str]:
+        limit = math.floor(self.scenario.env_concurrency * self.scenario.burst_factor)
+        if self.inflight_total >= limit:
+            return []
+        return [k for k in self.workload.keys if self._open_slots(k)]
+
+    def _stalest(self) -> str | None:
+        best: tuple[int, int, int] | None = None
+        choice = None
+        for rank, key in enumerate(self.workload.keys):
+            for s in self._open_slots(key):
+                head = self.waiting[s][0]
+                cand = (head.arrival_step, head.score_ms, rank)
+                if best is None or cand < best:
+                    best, choice = cand, key
+        return choice
+
+    async def _serve_one(self, key: str, now: int) -> list[Delivery]:
+        """Serve one message of ``key`` through the age-order script (``max_count`` 1)."""
+        self.trace.dequeue_calls += 1
+        if self.scenario.grain == "queue":
+            slots = self._open_slots(key)
+            if not slots:
+                return []
+            queue = min(slots, key=lambda s: (self.waiting[s][0].score_ms, s))
+            return await self.aged.dequeue_from_queue(
+                SIM_ENV, queue, keyed=False, max_count=1, now_ms=now
+            )
+        q = self.rq.keys.queue(SIM_ENV, CK_QUEUE)
+        ck = K.encode_concurrency_key(key)
+        # the seed's spike: re-score the chosen variant so the age order picks it first
+        await self.client.zadd(q.ck_index, {ck: 0}, xx=True)
+        got = await self.aged.dequeue_from_queue(
+            SIM_ENV, CK_QUEUE, keyed=True, max_count=1, now_ms=now
+        )
+        if not any(d.concurrency_key == key for d in got):
+            head = await self.client.zrange(q.variant_queued(ck), 0, 0, withscores=True)
+            if head:
+                await self.client.zadd(q.ck_index, {ck: head[0][1]}, xx=True)
+        return got
