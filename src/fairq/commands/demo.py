@@ -260,8 +260,7 @@ async def _serve_dashboard(url: str, prefix: str, port: int, console: Console) -
     )
     server = create_server(rq, host="127.0.0.1", port=port, token=None)
     # Ctrl-C belongs to the demo (it stops the workers and the embedded server), not uvicorn
-    server.capture_signals = contextlib.nullcontext
-    server.install_signal_handlers = lambda: None
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     task = asyncio.create_task(server.serve())
     console.print(
         f"dashboard: [bold]http://127.0.0.1:{port}/[/] "
