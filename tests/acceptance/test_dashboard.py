@@ -180,6 +180,22 @@ async def test_redrive_never_redirects_off_site(
     assert reply.headers["location"].startswith("/?flash=")
 
 
+async def test_redrive_refuses_a_form_posted_by_another_site(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue()
+    await dead_letter(rq, env, "r3")
+    client = client_for(rq)
+    path = f"/envs/{env.id}/dlq/r3/redrive"
+
+    refused = await client.post(path, headers={"Origin": "https://evil.example"})
+
+    assert refused.status_code == 403
+    assert await rq.run_state(env, "r3") == "dlq"
+    same_site = await client.post(path, headers={"Origin": "http://dash"})
+    assert same_site.status_code == 303
+
+
 async def test_bad_names_are_a_clear_400(
     make_queue: MakeQueue, client_for: Callable[..., httpx.AsyncClient]
 ) -> None:

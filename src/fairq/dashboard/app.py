@@ -50,7 +50,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import jinja2
 import uvicorn
@@ -426,6 +426,10 @@ def create_app(rq: RunQueue, *, token: str | None) -> Starlette:
         return JSONResponse(await queue_detail(rq, sampler, env, queue))
 
     async def redrive(request: Request) -> Response:
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+            # A form posted by another site to a dashboard on this machine.
+            return PlainTextResponse("403: cross-site request refused", status_code=403)
         env, run_id = _env_param(request), request.path_params["run_id"]
         # A plain urlencoded form; parsed here so the app needs no python-multipart.
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
