@@ -224,6 +224,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._finished: list[_Finished] = []
         self._ack_wake = asyncio.Event()
+        self._acks_closed = False
         self._executor: ThreadPoolExecutor | None = None
         self._rq: RunQueue | None = None
         self._consumer: _AppConsumer | None = None
@@ -281,9 +282,9 @@ class Worker:
                     installed.append(sig)
         for line in await self.app.apply_limits():
             log.info("limits: %s", line)
+        acks = asyncio.create_task(self._ack_loop(), name="fairq-acks")
         helpers = [
             asyncio.create_task(self._heartbeat_loop(), name="fairq-heartbeat"),
-            asyncio.create_task(self._ack_loop(), name="fairq-acks"),
             asyncio.create_task(self._expired_loop(), name="fairq-expired"),
         ]
         try:
@@ -292,7 +293,11 @@ class Worker:
             await self._drain()
         finally:
             self._consumer.closed = True
-            await self._flush_acks()
+            # let the ack loop finish its current batch (a cancelled flush could lose it)
+            self._acks_closed = True
+            self._ack_wake.set()
+            with contextlib.suppress(RedisError, OSError):
+                await acks
             for h in helpers:
                 h.cancel()
             for h in helpers:
@@ -500,10 +505,11 @@ class Worker:
                 log.warning("run %s: ack found %s (it may run again)", f.delivery.run_id, st.value)
 
     async def _ack_loop(self) -> None:
-        while True:
+        while not self._acks_closed:
             await self._ack_wake.wait()
             self._ack_wake.clear()
             await self._flush_acks()
+        await self._flush_acks()
 
     async def _heartbeat_loop(self) -> None:
         assert self._rq is not None
