@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,10 @@ from fairq.worker import Worker, current_run
 FAST_RETRY = RetryPolicy(max_attempts=3, min_delay_ms=5, max_delay_ms=5, randomize=False)
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    """Poll ``check`` until it is true (for cross-process conditions only)."""
-    deadline = time.monotonic() + timeout
-    while not await check():
+async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll ``check`` until it is true (for conditions in another process only)."""
+    deadline = time.monotonic() + within
+    while not check():
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
@@ -324,7 +324,7 @@ async def test_sigterm_lets_in_flight_runs_finish_and_leaves_the_rest_queued(
     proc = start_worker(tmp_path, redis_url, prefix, env, "--concurrency", "2")
     try:
         handles = [await slow.trigger({"n": n, "seconds": 0.8}) for n in range(5)]
-        await eventually(lambda: asyncio.sleep(0, len(started(tmp_path)) == 2))
+        await eventually(lambda: len(started(tmp_path)) == 2)
         # When the worker gets SIGTERM mid-run
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.to_thread(proc.communicate, timeout=20)
@@ -348,7 +348,7 @@ async def test_sigterm_returns_runs_that_outlive_the_grace_period(
     proc = start_worker(tmp_path, redis_url, prefix, env, "--concurrency", "2", "--grace", "0.3")
     try:
         handles = [await slow.trigger({"n": n, "seconds": 30}) for n in range(2)]
-        await eventually(lambda: asyncio.sleep(0, len(started(tmp_path)) == 2))
+        await eventually(lambda: len(started(tmp_path)) == 2)
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.to_thread(proc.communicate, timeout=20)
     finally:
@@ -376,7 +376,7 @@ async def test_runs_of_a_killed_worker_complete_in_another_worker(
 
     try:
         handles = [await slow.trigger({"n": n, "seconds": 60}) for n in range(2)]
-        await eventually(lambda: asyncio.sleep(0, len(started(tmp_path)) == 2))
+        await eventually(lambda: len(started(tmp_path)) == 2)
         # When it is killed outright
         proc.kill()
         await asyncio.to_thread(proc.wait, 10)
