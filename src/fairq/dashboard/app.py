@@ -46,7 +46,6 @@ it: ``?token=...`` once (it is then kept in an HttpOnly, SameSite=Strict cookie)
 from __future__ import annotations
 
 import hmac
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -462,7 +461,6 @@ def create_app(rq: RunQueue, *, token: str | None) -> Starlette:
         Mount("/static", StaticFiles(packages=[(_PACKAGE, "static")]), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={FairqError: fairq_error})
-    app.state.started_at = time.time()
     if token:
         app.add_middleware(TokenMiddleware, token=token)
     return app
