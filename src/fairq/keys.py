@@ -51,6 +51,8 @@ Per base queue (``B`` = ``T:q:O:P:E:Q``)
   ``B:vfloor``            STRING the monotonic virtual-time floor (fair order only)
   ``B:vidle``             ZSET  K -> parked tag of a drained variant (fair order only)
   ``B:ckweights``         HASH  K -> weight (fair order only; sparse, default 1)
+  ``B:served:<bucket>``   HASH  K ('' = keyless) -> runs served in one 10 s window; written
+                                by consumers for the dashboard (fairq.metrics), EX 900 s
 Global (never touched by a script)
   ``<prefix>:wake``       pub/sub channel: "work may be available" hints for consumers
 """
