@@ -12,14 +12,16 @@ The discipline (fair order):
   at most ``arrival_cap`` above the floor (``behind_leader``). A variant that drained
   earlier returns at ``max(floor, parked tag)``.
 * One dequeue call: ``n = min(max_count, env limit x burst - env busy)``;
-  ``window = n x multiplier``; pass 1 looks at the ``2 x window`` lowest tags
-  (tags below the floor count as the floor), skips variants whose head is in the
-  future, drops (and parks) variants with nothing queued, and serves the rest lowest
+  ``window = n x multiplier``; tags below the floor count as the floor; variants
+  whose head is in the future are skipped, variants with nothing queued are dropped
+  (and their tags parked), and the rest are served lowest
   tag first, ties to the oldest head, then the name; each serve advances the tag by
   ``quantum / weight``; a variant is served at most ``max_per_key`` times per call and
   is dropped for the call when gated or when its next head is not ready.
-* Pass 2 walks ready variants in age order that pass 1 did not list, registers
-  unregistered ones at ``max(floor, parked)``, and fills the batch from them.
+* Candidates are the ``2 x window`` lowest tags plus the ``max(2 x window, 3 n)``
+  oldest ready heads (discovery: a variant without a tag is registered at
+  ``max(floor, parked)``); because every ready variant the age order would look at is
+  a candidate, no separate age-order fill can serve more.
 * The floor becomes ``max(stored, lowest stored tag, lowest tag served)``.
 
 Not modelled: TTL expiry, stale message hashes, several queues per environment.
@@ -42,7 +44,6 @@ class _Cand:
     served: int = 0
     active: bool = True
     attempted: bool = False
-    tag: float | None = None
 
 
 @dataclass
@@ -215,16 +216,38 @@ class SfqModel:
         ranked = sorted(self.vtime.items(), key=lambda e: (e[1], e[0]))[:scan]
         if ranked and ranked[0][1] > floor:
             floor = ranked[0][1]
+        complete = len(ranked) < scan
+        tag_of = dict(ranked)
         parked = False
-        min_served: list[float] = []
-        cands: list[_Cand] = []
-        listed = {ck for ck, _ in ranked}
+        # discovery: the oldest ready heads; register those without a tag
+        aged = [e for e in self.ckindex() if e[1] <= now][: max(scan, 3 * n)]
+        head_of = dict(aged)
+        order = [ck for ck, _ in aged]
+        for ck in order:
+            if ck in tag_of:
+                continue
+            if not complete and ck in self.vtime:
+                tag_of[ck] = self.vtime[ck]
+                continue
+            tag = max(floor, self.vidle.pop(ck)) if ck in self.vidle else floor
+            tag_of[ck] = tag
+            self.vtime.setdefault(ck, tag)
         for ck, tag in ranked:
+            if ck in head_of:
+                continue
             head = self.head(ck)
             if head is None:
                 parked |= self._drained(ck, tag, floor)
+                del tag_of[ck]
             elif head <= now:
-                cands.append(_Cand(ck, max(tag, floor), float(head), self.weights.get(ck, 1.0)))
+                head_of[ck] = head
+                order.append(ck)
+        cands = [
+            _Cand(ck, max(tag_of[ck], floor), float(head_of[ck]), self.weights.get(ck, 1.0))
+            for ck in order
+            if ck in tag_of
+        ]
+        min_served: list[float] = []
         slots = 0
 
         def advance(c: _Cand) -> None:
@@ -236,49 +259,13 @@ class SfqModel:
 
         def written(c: _Cand, head: int | None, drained: bool) -> None:
             nonlocal parked
-            tag = c.tag if c.tag is not None else c.key
             if drained:
-                parked |= self._drained(c.ck, tag, floor)
+                parked |= self._drained(c.ck, c.key, floor)
             else:
-                self.vtime[c.ck] = tag
+                self.vtime[c.ck] = c.key
+                c.tie = float(head)  # type: ignore[arg-type]
 
-        def pass1_head(c: _Cand, head: int | None, drained: bool) -> None:
-            written(c, head, drained)
-            if head is not None:
-                c.tie = float(head)
-
-        served = self._serve_in_order(
-            cands, n, now, out, lambda c: slots < window, advance, pass1_head
-        )
-
-        attempted = {c.ck for c in cands if c.attempted}
-        complete = len(ranked) < scan
-        aged = [e for e in self.ckindex() if e[1] <= now][: max(window, 3 * n)]
-        fill = [_Cand(ck, float(h)) for ck, h in aged if ck not in attempted and ck not in listed]
-        tags: dict[str, float] = {}
-        for c in fill:
-            if not complete and c.ck in self.vtime:
-                tags[c.ck] = self.vtime[c.ck]
-                continue
-            tag = floor
-            if c.ck in self.vidle:
-                tag = max(floor, self.vidle.pop(c.ck))
-            tags[c.ck] = tag
-            self.vtime.setdefault(c.ck, tag)
-
-        def fill_served(c: _Cand) -> None:
-            base = c.tag if c.tag is not None else tags.get(c.ck, floor)
-            tag = max(base, floor)
-            min_served.append(tag)
-            c.tag = tag + self.quantum / self.weights.get(c.ck, 1.0)
-
-        def fill_head(c: _Cand, head: int | None, drained: bool) -> None:
-            written(c, head, drained)
-            if head is not None:
-                c.key = float(head)
-
-        if served < n and fill:
-            self._serve_in_order(fill, n - served, now, out, lambda c: True, fill_served, fill_head)
+        self._serve_in_order(cands, n, now, out, lambda c: slots < window, advance, written)
 
         if min_served and min(min_served) > floor:
             floor = min(min_served)
