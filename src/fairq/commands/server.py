@@ -1,0 +1,133 @@
+"""``fairq server``: run the embedded Valkey (one node or a local cluster) in the foreground,
+or start, inspect and stop the shared per-user server that other commands use by default."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from fairq.errors import FairqError
+from fairq.server import (
+    EmbeddedServer,
+    shared_server_status,
+    shared_server_url,
+    stop_shared_server,
+)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _alive(servers: list[EmbeddedServer]) -> bool:
+    return all(s.process is not None and s.process.poll() is None for s in servers)
+
+
+def _serve_until_interrupted(url: str, servers: list[EmbeddedServer], what: str) -> None:
+    click.echo(url)
+    click.echo(f"# {what}; stop with Ctrl-C. Point fairq at it with:", err=True)
+    click.echo(f"#   export FAIRQ_REDIS_URL='{url}'", err=True)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        while _alive(servers):
+            time.sleep(0.2)
+        raise click.ClickException("the server exited unexpectedly")
+    except KeyboardInterrupt:
+        click.echo("# stopping", err=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@click.group(name="server", invoke_without_command=True)
+@click.option(
+    "--cluster",
+    "masters",
+    type=click.IntRange(0, 64),
+    default=0,
+    metavar="N",
+    help="Run an N-master Redis/Valkey Cluster instead of one node (prints a "
+    "redis+cluster:// URL).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="Port of a single node (default: a free one).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep data here (append-only file) instead of a temporary directory.",
+)
+@click.pass_context
+def command(ctx: click.Context, masters: int, port: int, data_dir: Path | None) -> None:
+    """Run the embedded Valkey server in the foreground and print its URL until Ctrl-C.
+
+    \b
+    fairq server              one node on a free loopback port
+    fairq server --cluster 3  a 3-master cluster (redis+cluster:// URL)
+    fairq server start        start the shared per-user server (detached) and print its URL
+    fairq server status       show the shared server (exit code 1 when it is not running)
+    fairq server stop         stop the shared server
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        if masters:
+            if port:
+                raise click.UsageError("--port applies to a single node; a cluster uses free ports")
+            from fairq.cluster import EmbeddedCluster
+
+            if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
+                raise click.UsageError(
+                    f"--data-dir {data_dir} is not empty: a new cluster needs an empty directory"
+                )
+            with EmbeddedCluster(masters, data_dir=data_dir) as cluster:
+                ports = ", ".join(str(p) for p in cluster.ports)
+                _serve_until_interrupted(
+                    cluster.url, cluster.nodes, f"{masters}-master cluster on ports {ports}"
+                )
+        else:
+            server = EmbeddedServer(
+                port=port or None, data_dir=data_dir, appendonly=data_dir is not None
+            )
+            with server:
+                _serve_until_interrupted(server.url, [server], f"Valkey on port {server.port}")
+    except FairqError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@command.command(name="start")
+def start() -> None:
+    """Start the shared per-user server (if needed) and print its URL."""
+    try:
+        click.echo(shared_server_url(start=True))
+    except FairqError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@command.command(name="status")
+@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
+def status(as_json: bool) -> None:
+    """Show whether the shared server runs (exit code 1 when it does not)."""
+    state = shared_server_status()
+    if as_json:
+        click.echo(json.dumps({"running": state is not None, **(state or {})}))
+    elif state:
+        click.echo(f"running: {state['url']} (pid {state['pid']})")
+    else:
+        click.echo("not running")
+    if state is None:
+        raise SystemExit(1)
+
+
+@command.command(name="stop")
+def stop() -> None:
+    """Stop the shared per-user server."""
+    click.echo("stopped" if stop_shared_server() else "not running")
