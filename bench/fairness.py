@@ -131,7 +131,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
         light = LIGHT_GROUP.get(scenario)
         out.append(f"### {scenario}\n")
         head = "| discipline | seed name |"
-        head += f" {light} wait |" if light else ""
+        head += f" {light} wait | {light} first serve |" if light else ""
         head += " worst group wait | makespan | worst S/W | cmds/serve |"
         head += " seed light wait | seed worst wait | seed makespan | seed worst S/W |"
         out.append(head)
@@ -141,6 +141,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
             row = f"| `{label}` | {seed_name} |"
             if light:
                 row += f" {_mean_range([r['groups'][light]['mean_wait'] for r in rs], 1)} |"
+                firsts = [float(r["groups"][light]["first_serve_step"] or -1) for r in rs]
+                row += f" {_mean_range(firsts, 0)} |"
             worst = [max(g["mean_wait"] for g in r["groups"].values()) for r in rs]
             row += f" {_mean_range(worst, 1)} |"
             row += f" {_mean_range([float(r['makespan']) for r in rs], 0)} |"
@@ -160,7 +162,12 @@ async def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--scenario", action="append", help="only these (default: all)")
     parser.add_argument("--markdown", type=Path, help="write the docs tables here")
+    parser.add_argument("--from-json", type=Path, help="only rebuild --markdown from records")
     args = parser.parse_args()
+    if args.from_json:
+        records = json.loads(args.from_json.read_text())
+        args.markdown.write_text(markdown(records))
+        return
     scenarios = [s for s in builtin_scenarios() if not args.scenario or s.name in args.scenario]
     runs = plan(scenarios, None, args.seeds)
     started = time.monotonic()
