@@ -361,7 +361,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="profile one in-process consumer")
     args = p.parse_args(argv)  # fmt: skip
     if args.shards <= 0:
-        args.shards = 4 * args.cluster if args.cluster else 4
+        args.shards = 8 * max(1, args.cluster)
     return args
 
 

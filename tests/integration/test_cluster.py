@@ -33,7 +33,7 @@ from fairq.store import RunQueue
 #: Masters of the cluster these tests start when the session is not already a cluster.
 MASTERS = 3
 #: Shards per master: the documented rule (docs/cluster.md).
-SHARDS_PER_MASTER = 4
+SHARDS_PER_MASTER = 8
 
 NOW = 1_000_000
 
@@ -256,7 +256,7 @@ async def test_scripts_are_loaded_on_the_node_that_owns_the_slot(
 async def test_master_queue_shards_spread_over_every_master(
     cluster_client: RedisCluster, cluster_url: str
 ) -> None:
-    # Given the default prefix and the documented shard count (4 x masters)
+    # Given the default prefix and the documented shard count (8 x masters)
     rq = await cluster_queue(cluster_url, "fairq")
     try:
         masters = masters_of(cluster_client)

@@ -32,7 +32,7 @@ from fairq.store import RunQueue, wall_clock_ms
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 MASTERS = 3
-SHARDS = 4 * MASTERS
+SHARDS = 8 * MASTERS
 #: Long enough that no lease lapses while the test runs (so a second delivery would be
 #: a bug, not a lease expiry).
 LEASE_MS = 120_000
