@@ -45,7 +45,7 @@ from fairq.config import RunQueueConfig
 from fairq.consumer import Consumer
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest
-from fairq.server import AnyRedis, EmbeddedServer, connect, is_cluster_url
+from fairq.server import AnyRedis, EmbeddedServer, connect, info_per_node, is_cluster_url
 from fairq.store import RunQueue
 
 #: This script, run again as each consumer process.
@@ -101,28 +101,12 @@ async def reset_stats(client: AnyRedis) -> None:
 async def command_stats(client: AnyRedis) -> dict[str, int]:
     """Calls per command, summed over every master."""
     totals: dict[str, int] = {}
-    for node in await primaries(client):
-        if node is None:
-            raw = await client.info("commandstats")
-        else:
-            raw = await client.execute_command("INFO", "commandstats", target_nodes=node)
-            if isinstance(raw, bytes | str):
-                raw = _parse_info(raw)
-        for key, value in raw.items():
+    for info in (await info_per_node(client, "commandstats")).values():
+        for key, value in info.items():
             name = key.removeprefix("cmdstat_")
             calls = int(value["calls"]) if isinstance(value, dict) else 0
             totals[name] = totals.get(name, 0) + calls
     return totals
-
-
-def _parse_info(raw: bytes | str) -> dict[str, dict[str, str]]:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    out: dict[str, dict[str, str]] = {}
-    for line in text.splitlines():
-        if line.startswith("cmdstat_"):
-            name, _, rest = line.partition(":")
-            out[name] = dict(kv.split("=", 1) for kv in rest.split(","))
-    return out
 
 
 def summarise_commands(stats: dict[str, int], messages: int) -> dict[str, Any]:

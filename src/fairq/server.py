@@ -309,6 +309,22 @@ async def connect(url: str, *, check: bool = True) -> AnyRedis:
     return client
 
 
+async def info_per_node(client: AnyRedis, section: str) -> dict[str, dict[str, Any]]:
+    """``INFO <section>`` of every master: ``{"host:port": {field: value}}``.
+
+    On a cluster a plain ``client.info()`` asks one node only; counters such as
+    ``commandstats`` must be summed over every master.
+    """
+    if isinstance(client, RedisCluster):
+        replies = await client.info(section, target_nodes=RedisCluster.PRIMARIES)
+        if len(client.get_primaries()) == 1:  # one target: redis-py returns its reply bare
+            return {client.get_primaries()[0].name: dict(replies)}
+        return {str(name): dict(info) for name, info in replies.items()}
+    kwargs = client.connection_pool.connection_kwargs
+    name = f"{kwargs.get('host', kwargs.get('path', 'localhost'))}:{kwargs.get('port', '')}"
+    return {name: dict(await client.info(section))}
+
+
 def resolve_url(url: str | None = None, *, shared: bool = True) -> str:
     """The URL to use: the argument, else ``FAIRQ_REDIS_URL``, else the shared embedded server."""
     if url:
