@@ -148,6 +148,10 @@ class Driver:
         run.lease_deadline, run.ttl_deadline = self.now + LEASE_MS, 0
 
     async def _sync_expired(self) -> set[str]:
+        if not any(
+            r.state == "queued" and 0 < r.ttl_deadline <= self.now for r in self.model.runs.values()
+        ):
+            return set()  # nothing can have expired: spare the round trip
         expired, self.expired_pos = await self.rq.read_expired(after=self.expired_pos, count=10_000)
         ids = set()
         for e in expired:
