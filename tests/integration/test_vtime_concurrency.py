@@ -34,7 +34,7 @@ async def _consume(url: str, prefix: str, env_id: str, seed: int) -> list[str]:
     env = Environment.parse(env_id)
     # start barrier: both processes begin together (spawn start-up takes a while)
     await rq.client.incr(f"{prefix}:ready")
-    while not await rq.client.exists(f"{prefix}:go"):
+    while not await rq.client.exists(f"{prefix}:go"):  # noqa: ASYNC110 (cross-process barrier)
         await asyncio.sleep(0.005)
     served: list[str] = []
     held: list[Delivery] = []
@@ -87,7 +87,7 @@ async def test_two_consumer_processes_one_base_queue_no_corruption(
             loop.run_in_executor(pool, consumer_process, redis_url, prefix, env.id, seed)
             for seed in (1, 2)
         ]
-        while int(await rq.client.get(f"{prefix}:ready") or 0) < 2:
+        while int(await rq.client.get(f"{prefix}:ready") or 0) < 2:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         await rq.client.set(f"{prefix}:go", 1)
         while not all(f.done() for f in futures):
