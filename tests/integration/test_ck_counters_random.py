@@ -93,6 +93,8 @@ class Driver:
         self.expired_pos: dict[int, str] = {}
         self.q = rq.keys.queue(env, QUEUE)
         self.ops: dict[str, int] = {}
+        #: Outcomes worth having seen at least once (asserted at the end).
+        self.events: Counter[str] = Counter()
 
     # ---------------------------------------------------------------- operations
 
@@ -111,8 +113,10 @@ class Driver:
     def _expect_enqueue(self, r: EnqueueRequest) -> EnqueueStatus:
         m = self.model
         if r.run_id in m.runs:
+            self.events["duplicate"] += 1
             return EnqueueStatus.DUPLICATE
         if m.size_limit > 0 and sum(t[0] for t in m.tally().values()) + 1 > m.size_limit:
+            self.events["rejected"] += 1
             return EnqueueStatus.REJECTED
         m.runs[r.run_id] = Run(
             r.run_id, r.concurrency_key, "queued", self.now + r.delay_ms,
@@ -159,6 +163,7 @@ class Driver:
             assert run.state == "queued" and 0 < run.ttl_deadline <= self.now, run
             assert e.concurrency_key == run.ck
             ids.add(e.run_id)
+            self.events["expired"] += 1
         return ids
 
     async def op_dequeue(self) -> None:
@@ -222,6 +227,7 @@ class Driver:
         if increment and run.attempt >= MAX_ATTEMPTS:
             assert got is NackOutcome.DEAD_LETTERED
             run.state = "dlq"
+            self.events["dead_lettered"] += 1
         else:
             assert got is NackOutcome.REQUEUED
             run.state, run.score = "queued", retry_at
@@ -255,6 +261,7 @@ class Driver:
         lapsed = [r for r in self.model.in_state("running") if r.lease_deadline <= self.now]
         got = await self.rq.reclaim_lapsed_leases(now_ms=self.now, batch=10_000)
         assert got == len(lapsed)
+        self.events["reclaimed"] += len(lapsed)
         for run in lapsed:
             self._spend(run)
             run.state, run.slot = "queued", False
@@ -395,4 +402,6 @@ async def test_every_reader_matches_ground_truth(
             await driver.check_states()
     # the run must have exercised every operation, and reached interesting states
     assert set(driver.ops) == set(Driver.WEIGHTS), driver.ops
+    wanted = {"duplicate", "rejected", "expired", "dead_lettered", "reclaimed"}
+    assert all(driver.events[e] > 0 for e in wanted), driver.events
     assert driver.serial > operations // 5
