@@ -1,0 +1,103 @@
+"""CK-queue throughput: dequeue + ack runs/s and server commands per run, age order vs
+fair order, with 1 and 10 busy concurrency keys, at max_per_key_per_call 1 and 10.
+
+    python bench/ck_throughput.py [--runs 3000] [--max-count 10] [--url redis://...]
+
+Prints one JSON document: a row per (busy keys, max_per_key_per_call, order). Commands
+per run come from INFO commandstats (Lua's redis.call included, INFO/CONFIG excluded).
+Without --url an embedded Valkey is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from typing import Any
+
+from fairq.config import RunQueueConfig
+from fairq.keys import Environment
+from fairq.server import EmbeddedServer, connect
+from fairq.store import RunQueue
+
+QUEUE = "bench"
+T0 = 1_000_000
+
+
+async def _commands(client: Any) -> int:
+    stats = await client.info("commandstats")
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config")
+    )
+
+
+async def measure(
+    url: str, prefix: str, *, keys: int, max_per_key: int, fair: bool, runs: int, max_count: int
+) -> dict[str, Any]:
+    config = RunQueueConfig(prefix=prefix, max_per_key_per_call=max_per_key,
+                            default_env_concurrency=1000)  # fmt: skip
+    rq = RunQueue(await connect(url), config.with_vtime(enabled=fair), rng=random.Random(1))
+    env = Environment("bench", "p", "e")
+    for i in range(runs):
+        await rq.enqueue(env, QUEUE, f"r{i}", {"i": i}, concurrency_key=f"k{i % keys}",
+                         available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
+    await rq.client.config_resetstat()
+    done = calls = 0
+    started = time.perf_counter()
+    while done < runs:
+        batch = await rq.dequeue_from_queue(env, QUEUE, keyed=True, max_count=max_count,
+                                            now_ms=T0 + runs)  # fmt: skip
+        calls += 1
+        if not batch:
+            break
+        await rq.ack(batch, now_ms=T0 + runs)
+        done += len(batch)
+    elapsed = time.perf_counter() - started
+    commands = await _commands(rq.client)
+    await rq.close()
+    return {
+        "busy_keys": keys,
+        "max_per_key_per_call": max_per_key,
+        "order": "fair" if fair else "age",
+        "runs": done,
+        "dequeue_calls": calls,
+        "runs_per_call": round(done / calls, 2),
+        "runs_per_second": round(done / elapsed),
+        "commands_per_run": round(commands / done, 2),
+    }
+
+
+async def main_async(url: str, runs: int, max_count: int) -> dict[str, Any]:
+    rows = []
+    n = 0
+    for fair in (False, True):  # warm-up (script load, server caches); discarded
+        await measure(url, f"warm{int(fair)}x{random.randrange(10**6)}", keys=10, max_per_key=1,
+                      fair=fair, runs=500, max_count=max_count)  # fmt: skip
+    for keys in (1, 10):
+        for max_per_key in (1, 10):
+            for fair in (False, True):
+                n += 1
+                rows.append(await measure(url, f"bench{n}x{random.randrange(10**6)}", keys=keys,
+                                          max_per_key=max_per_key, fair=fair, runs=runs,
+                                          max_count=max_count))  # fmt: skip
+    return {"max_count": max_count, "runs_per_case": runs, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3000)
+    parser.add_argument("--max-count", type=int, default=10)
+    parser.add_argument("--url")
+    args = parser.parse_args()
+    if args.url:
+        result = asyncio.run(main_async(args.url, args.runs, args.max_count))
+    else:
+        with EmbeddedServer() as server:
+            result = asyncio.run(main_async(server.url, args.runs, args.max_count))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
