@@ -109,6 +109,14 @@ async def command_stats(client: AnyRedis) -> dict[str, int]:
     return totals
 
 
+async def server_cpu_s(client: AnyRedis) -> float:
+    """CPU seconds (user + system) every master has used so far."""
+    total = 0.0
+    for info in (await info_per_node(client, "cpu")).values():
+        total += float(info.get("used_cpu_user", 0)) + float(info.get("used_cpu_sys", 0))
+    return total
+
+
 def summarise_commands(stats: dict[str, int], messages: int) -> dict[str, Any]:
     fairq = {k: v for k, v in stats.items() if k not in BOOKKEEPING}
     total = sum(fairq.values())
@@ -152,9 +160,13 @@ async def measure_enqueue(url: str, args: argparse.Namespace, prefix: str) -> di
     try:
         await reset_stats(rq.client)
         trips = RoundTrips.count
+        server_cpu = await server_cpu_s(rq.client)
+        client_cpu = time.process_time()
         start = time.perf_counter()
         await enqueue_all(rq, args, args.messages)
         elapsed = time.perf_counter() - start
+        client_cpu = time.process_time() - client_cpu
+        server_cpu = await server_cpu_s(rq.client) - server_cpu
         trips = RoundTrips.count - trips
         stats = await command_stats(rq.client)
         single = min(2000, args.messages)
@@ -168,6 +180,8 @@ async def measure_enqueue(url: str, args: argparse.Namespace, prefix: str) -> di
             "batch": args.enqueue_batch,
             "msgs_per_s": round(args.messages / elapsed),
             "round_trips_per_message": round(trips / args.messages, 4),
+            "client_cpu_us_per_message": round(client_cpu * 1e6 / args.messages, 1),
+            "server_cpu_us_per_message": round(server_cpu * 1e6 / args.messages, 1),
             "one_at_a_time_msgs_per_s": round(single / single_elapsed),
             **summarise_commands(stats, args.messages),
         }
@@ -189,6 +203,7 @@ async def consume(
     count = 0
     first = time.time()
     last = first
+    cpu = time.process_time()
     try:
         while True:
             batch = await consumer.next_batch(args.batch, timeout=0.3)
@@ -200,7 +215,13 @@ async def consume(
     finally:
         await consumer.close()
         await rq.close()
-    return {"count": count, "first": first, "last": last, "round_trips": RoundTrips.count - trips}
+    return {
+        "count": count,
+        "first": first,
+        "last": last,
+        "round_trips": RoundTrips.count - trips,
+        "cpu_s": time.process_time() - cpu,
+    }
 
 
 def consumer_main(argv: list[str]) -> None:
@@ -220,6 +241,7 @@ async def measure_consume(
     try:
         await enqueue_all(rq, args, args.messages)
         await reset_stats(client)
+        server_cpu = await server_cpu_s(client)
         start_at = time.time() + 1.5 + 0.3 * processes  # after every process has connected
         passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in option_values(args).items()]
         procs = [
@@ -242,6 +264,7 @@ async def measure_consume(
                 raise RuntimeError(f"consumer process failed ({p.returncode})")
             results.append(json.loads(out.decode().strip().splitlines()[-1]))
         stats = await command_stats(client)
+        server_cpu = await server_cpu_s(client) - server_cpu
         delivered = sum(r["count"] for r in results)
         elapsed = max(r["last"] for r in results) - min(r["first"] for r in results)
         trips = sum(r["round_trips"] for r in results)
@@ -254,6 +277,10 @@ async def measure_consume(
                 round(r["count"] / max(1e-9, r["last"] - r["first"])) for r in results
             ],
             "round_trips_per_message": round(trips / max(1, delivered), 4),
+            "client_cpu_us_per_message": round(
+                sum(r["cpu_s"] for r in results) * 1e6 / max(1, delivered), 1
+            ),
+            "server_cpu_us_per_message": round(server_cpu * 1e6 / max(1, delivered), 1),
             "left_undelivered": remaining is not None,
             **summarise_commands(stats, max(1, delivered)),
         }
