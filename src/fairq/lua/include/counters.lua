@@ -28,16 +28,12 @@ local function ck_running_seed(B)
   return total
 end
 
-local function counter_add(key, delta)
+-- Move a counter by +1/-1 given its value just read by the seed; never below 0.
+local function counter_step(key, delta, current)
   if delta > 0 then
-    redis.call('INCRBY', key, delta)
-  elseif delta < 0 then
-    local current = tonumber(redis.call('GET', key) or '0')
-    if current + delta >= 0 then
-      redis.call('INCRBY', key, delta)
-    elseif current > 0 then
-      redis.call('DECRBY', key, current)
-    end
+    redis.call('INCR', key)
+  elseif current > 0 then
+    redis.call('DECR', key)
   end
 end
 
@@ -52,26 +48,26 @@ end
 
 -- Add run to a variant's queue; counts it iff it was not there. Returns 1 if added.
 local function ck_queue_add(B, ck, score, run)
-  ck_queued_seed(B)
+  local current = ck_queued_seed(B)
   local added = redis.call('ZADD', variant_queued_key(B, ck), score, run)
-  if added == 1 then counter_add(B .. ':ckqueued', 1) end
+  if added == 1 then counter_step(B .. ':ckqueued', 1, current) end
   return added
 end
 
 -- Remove run from a variant's queue; uncounts it iff it was there. Returns 1 if removed.
 local function ck_queue_remove(B, ck, run)
-  ck_queued_seed(B)
+  local current = ck_queued_seed(B)
   local removed = redis.call('ZREM', variant_queued_key(B, ck), run)
-  if removed == 1 then counter_add(B .. ':ckqueued', -1) end
+  if removed == 1 then counter_step(B .. ':ckqueued', -1, current) end
   return removed
 end
 
 -- Give run a slot in its variant; counts it iff it was not there.
 local function ck_slot_take(B, ck, run)
-  ck_running_seed(B)
+  local current = ck_running_seed(B)
   local added = redis.call('SADD', variant_inflight_key(B, ck), run)
   if added == 1 then
-    counter_add(B .. ':ckrunning', 1)
+    counter_step(B .. ':ckrunning', 1, current)
     redis.call('SADD', B .. ':ckbusy', ck)
   end
   return added
@@ -79,11 +75,11 @@ end
 
 -- Free run's slot in its variant; uncounts it iff it held one.
 local function ck_slot_free(B, ck, run)
-  ck_running_seed(B)
+  local current = ck_running_seed(B)
   local key = variant_inflight_key(B, ck)
   local removed = redis.call('SREM', key, run)
   if removed == 1 then
-    counter_add(B .. ':ckrunning', -1)
+    counter_step(B .. ':ckrunning', -1, current)
     if redis.call('SCARD', key) == 0 then redis.call('SREM', B .. ':ckbusy', ck) end
   end
   return removed
