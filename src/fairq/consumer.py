@@ -9,7 +9,8 @@ first. An idle consumer therefore costs the server one tiny pipeline per
 ``idle_timeout``; a new message is picked up within milliseconds of its enqueue.
 
 Maintenance (requeueing runs whose lease lapsed, expiring runs whose TTL passed) runs
-on a timer; a short ``SET NX PX`` lock makes one consumer per interval do it.
+on a timer, also while a consumer waits; a short ``SET NX PX`` lock makes one consumer
+per interval do it, and one read per shard skips the scripts when nothing is due.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from fairq.models import Delivery
 from fairq.store import RunQueue, wall_clock_ms
 
 log = logging.getLogger("fairq.consumer")
+
+#: Longest time one consumer's maintenance lock keeps the others from maintaining (s).
+MAX_MAINTENANCE_LOCK_S = 1.0
 
 
 class Consumer:
@@ -114,10 +118,41 @@ class Consumer:
             return
         self._next_maintenance = loop.time() + self.maintenance_interval
         lock = f"{self.rq.keys.prefix}:maintenance-lock"
-        ms = max(1, int(self.maintenance_interval * 1000))
-        if force or await self.rq.client.set(lock, b"1", nx=True, px=ms):
+        # The lock only stops consumers sharing a prefix from duplicating work; capped so
+        # that one with a long interval (or a dead one) cannot hold everyone else off.
+        ms = max(1, int(min(self.maintenance_interval, MAX_MAINTENANCE_LOCK_S) * 1000))
+        if force:
             await self.rq.reclaim_lapsed_leases()
             await self.rq.expire_ttl()
+        elif await self.rq.client.set(lock, b"1", nx=True, px=ms):
+            # one cheap read first: an idle system runs no script at all
+            leases, ttls = await self.rq.maintenance_due()
+            if leases:
+                await self.rq.reclaim_lapsed_leases(shards=leases)
+            if ttls:
+                await self.rq.expire_ttl(shards=ttls)
+
+    async def wait_for_hint(self, wait: float) -> None:
+        """Sleep up to ``wait`` seconds, or until a hint arrives.
+
+        Maintenance stays on its timer meanwhile: a consumer waiting out a long
+        ``idle_timeout`` still reclaims lapsed leases every ``maintenance_interval``
+        (a reclaim publishes a hint, which ends the wait).
+        """
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait
+        while not self.closed:
+            now = loop.time()
+            if now >= end:
+                return
+            step = min(end - now, max(0.0, self._next_maintenance - now))
+            try:
+                await asyncio.wait_for(self._wake.wait(), step)
+                return
+            except TimeoutError:
+                pass
+            if loop.time() >= self._next_maintenance:
+                await self.maintain()
 
     async def next_batch(
         self,
@@ -150,8 +185,7 @@ class Consumer:
                 if remaining <= 0:
                     return []
                 wait = min(wait, remaining)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            await self.wait_for_hint(wait)
         return []
 
 

@@ -72,6 +72,18 @@ def encode_payload(payload: Any, max_bytes: int) -> str:
     return text
 
 
+#: Longest lease one dequeue or heartbeat may grant (ms): one day.
+MAX_LEASE_MS = 86_400_000
+
+
+def _check_lease(lease_ms: int) -> int:
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int):
+        raise InvalidLimitError("lease_ms", lease_ms, "must be an integer number of ms")
+    if not 1 <= lease_ms <= MAX_LEASE_MS:
+        raise InvalidLimitError("lease_ms", lease_ms, f"must be in 1..{MAX_LEASE_MS}")
+    return lease_ms
+
+
 def _check_limit(name: str, value: int, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidLimitError(name, value, "must be an integer")
@@ -202,6 +214,14 @@ class RunQueue:
                 raise InvalidLimitError(
                     name, value, "must be an integer number of ms in 0..10 years"
                 )
+        if r.available_at_ms is not None and (
+            isinstance(r.available_at_ms, bool)
+            or not isinstance(r.available_at_ms, int)
+            or r.available_at_ms < 0
+        ):
+            raise InvalidLimitError(
+                "available_at_ms", r.available_at_ms, "must be a non-negative integer (ms)"
+            )
         if r.ttl_ms is not None and (
             isinstance(r.ttl_ms, bool) or not isinstance(r.ttl_ms, int) or r.ttl_ms <= 0
         ):
@@ -265,6 +285,8 @@ class RunQueue:
         """
         if not 1 <= max_count <= MAX_DEQUEUE_COUNT:
             raise InvalidLimitError("max_count", max_count, f"must be in 1..{MAX_DEQUEUE_COUNT}")
+        if lease_ms is not None:
+            _check_lease(lease_ms)
         now = wall_clock_ms() if now_ms is None else now_ms
         shard_ids = list(range(self.keys.shard_count)) if shards is None else list(shards)
         self.rng.shuffle(shard_ids)
@@ -301,7 +323,7 @@ class RunQueue:
         or its concurrency-key variants (``keyed=True``, age or fair order)."""
         if not 1 <= max_count <= MAX_DEQUEUE_COUNT:
             raise InvalidLimitError("max_count", max_count, f"must be in 1..{MAX_DEQUEUE_COUNT}")
-        lease = self.config.lease_ms if lease_ms is None else lease_ms
+        lease = _check_lease(self.config.lease_ms if lease_ms is None else lease_ms)
         q = self.keys.queue(env, queue)
         e = self.keys.env(env)
         s = self.keys.shard(self.keys.shard_of(env))
@@ -395,7 +417,7 @@ class RunQueue:
         now_ms: int | None = None,
     ) -> list[bool]:
         """Extend leases; ``False`` for a run whose lease was already lost."""
-        lease = self.config.lease_ms if lease_ms is None else lease_ms
+        lease = _check_lease(self.config.lease_ms if lease_ms is None else lease_ms)
         result: dict[tuple[Environment, str], bool] = {}
         for shard, group in self._by_shard(deliveries).items():
             s = self.keys.shard(shard)
@@ -424,20 +446,46 @@ class RunQueue:
 
     # ------------------------------------------------------------------ maintenance
 
-    async def reclaim_lapsed_leases(self, *, now_ms: int | None = None, batch: int = 100) -> int:
-        """Requeue runs whose lease lapsed (lost consumers), on every shard."""
+    def _shard_keys(self, shards: Iterable[int] | None) -> list[K.ShardKeys]:
+        if shards is None:
+            return self.keys.shards()
+        return [self.keys.shard(i) for i in shards]
+
+    async def maintenance_due(self, *, now_ms: int | None = None) -> tuple[list[int], list[int]]:
+        """Shards with a lapsed lease, and shards with a passed TTL (one round trip).
+
+        Lets a timer skip the maintenance scripts when there is nothing to do, so an
+        idle consumer costs one cheap read per shard instead of two script calls.
+        """
+        now = wall_clock_ms() if now_ms is None else now_ms
+        shards = self.keys.shards()
+        pipe = self.client.pipeline(transaction=False)
+        for s in shards:
+            pipe.zrangebyscore(s.leases, "-inf", now, start=0, num=1)
+            pipe.zrangebyscore(s.ttl, "-inf", now, start=0, num=1)
+        raw = await pipe.execute()
+        leases = [s.shard for i, s in enumerate(shards) if raw[2 * i]]
+        ttls = [s.shard for i, s in enumerate(shards) if raw[2 * i + 1]]
+        return leases, ttls
+
+    async def reclaim_lapsed_leases(
+        self, *, now_ms: int | None = None, batch: int = 100, shards: Iterable[int] | None = None
+    ) -> int:
+        """Requeue runs whose lease lapsed (lost consumers), on every shard (or ``shards``)."""
         total = 0
-        for s in self.keys.shards():
+        for s in self._shard_keys(shards):
             reply = await self._run(
                 "reclaim", [s.leases, s.master, s.message_root], [str(batch)], now_ms
             )
             total += int(reply[0])
         return total
 
-    async def expire_ttl(self, *, now_ms: int | None = None, batch: int = 100) -> int:
-        """Expire queued runs whose TTL passed, on every shard; returns how many."""
+    async def expire_ttl(
+        self, *, now_ms: int | None = None, batch: int = 100, shards: Iterable[int] | None = None
+    ) -> int:
+        """Expire queued runs whose TTL passed, on every shard (or ``shards``); returns how many."""
         total = 0
-        for s in self.keys.shards():
+        for s in self._shard_keys(shards):
             reply = await self._run(
                 "expire_ttl", [s.ttl, s.master, s.message_root, s.expired], [str(batch)], now_ms
             )
@@ -530,17 +578,27 @@ class RunQueue:
                 _check_limit("env concurrency limit", concurrency, minimum=0)
             )
         if burst_factor is not None:
-            if not isinstance(burst_factor, int | float) or not 1.0 <= float(burst_factor) <= 100.0:
+            if (
+                isinstance(burst_factor, bool)
+                or not isinstance(burst_factor, int | float)
+                or not 1.0 <= float(burst_factor) <= 100.0
+            ):
                 raise InvalidLimitError("burst factor", burst_factor, "must be a number in 1..100")
             fields["burst_factor"] = repr(float(burst_factor))
         if queue_size_limit is not None:
             fields["max_queue_size"] = str(_check_limit("queue size limit", queue_size_limit))
         if fields:
             await self.client.hset(self.keys.env(env).limits, mapping=fields)  # type: ignore[arg-type]
+            await self._limits_changed()
 
     async def remove_env_limits(self, env: Environment) -> None:
         """Back to the configured defaults."""
         await self.client.delete(self.keys.env(env).limits)
+        await self._limits_changed()
+
+    async def _limits_changed(self) -> None:
+        # a raised, removed or resumed limit may let gated runs go: hint waiting consumers
+        await self.client.publish(self.keys.wake_channel, "limits")
 
     async def set_queue_concurrency(self, env: Environment, queue: str, limit: int | None) -> None:
         """Set a queue's concurrency limit (applies to each CK variant); 0 pauses; None removes."""
@@ -551,6 +609,7 @@ class RunQueue:
             await self.client.hset(
                 q.limits, "concurrency", str(_check_limit("queue concurrency limit", limit))
             )
+        await self._limits_changed()
 
     async def pause_queue(self, env: Environment, queue: str) -> None:
         await self.set_queue_concurrency(env, queue, 0)
