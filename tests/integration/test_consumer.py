@@ -1,0 +1,252 @@
+"""Consumer: waits without polling, wakes on hints within milliseconds, picks up
+delayed runs when due, and keeps maintenance (lapsed leases, TTLs) going.
+
+These tests use the wall clock: the consumer's whole point is real-time waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from fairq.consumer import Consumer
+from fairq.keys import Environment
+from fairq.server import is_cluster_url
+from fairq.store import RunQueue
+
+
+async def started(rq: RunQueue, **kwargs: Any) -> Consumer:
+    consumer = await Consumer(rq, **kwargs).start()
+    # let the listener subscribe before anything is published
+    for _ in range(200):
+        if consumer._wake.is_set():
+            break
+        await asyncio.sleep(0.005)
+    return consumer
+
+
+async def waiting(consumer: Consumer, max_count: int = 10, **kwargs: Any) -> asyncio.Task[Any]:
+    """A next_batch call that has gone to sleep (found nothing)."""
+    task = asyncio.create_task(consumer.next_batch(max_count, **kwargs))
+    await asyncio.sleep(0.15)
+    assert not task.done()
+    return task
+
+
+async def test_next_batch_returns_ready_work_at_once(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1")
+    consumer = await started(rq, idle_timeout=30)
+    try:
+        t = time.perf_counter()
+        (d,) = await consumer.next_batch(10)
+        assert time.perf_counter() - t < 0.5
+        assert d.run_id == "r1"
+    finally:
+        await consumer.close()
+
+
+async def test_next_batch_wakes_on_an_enqueue_hint(make_queue: Any, env: Environment) -> None:
+    consumer_rq: RunQueue = await make_queue()
+    producer: RunQueue = await make_queue()
+    consumer = await started(consumer_rq, idle_timeout=30, maintenance_interval=30)
+    try:
+        task = await waiting(consumer)
+        t = time.perf_counter()
+        await producer.enqueue(env, "q", "r1")
+        batch = await asyncio.wait_for(task, 5)
+        elapsed = time.perf_counter() - t
+        assert [d.run_id for d in batch] == ["r1"]
+        assert elapsed < 0.5, elapsed  # a hint, not the 30 s idle timeout
+    finally:
+        await consumer.close()
+
+
+async def test_next_batch_wakes_when_an_ack_frees_a_slot(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.set_queue_concurrency(env, "q", 1)
+    await rq.enqueue(env, "q", "r1")
+    await rq.enqueue(env, "q", "r2")
+    consumer = await started(rq, idle_timeout=30, maintenance_interval=30)
+    try:
+        (first,) = await consumer.next_batch(10)
+        task = await waiting(consumer)  # r2 is ready but gated
+        t = time.perf_counter()
+        await rq.ack([first])
+        batch = await asyncio.wait_for(task, 5)
+        assert [d.run_id for d in batch] == ["r2"]
+        assert time.perf_counter() - t < 0.5
+    finally:
+        await consumer.close()
+
+
+async def test_next_batch_wakes_when_a_paused_queue_resumes(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.pause_queue(env, "q")
+    await rq.enqueue(env, "q", "r1")
+    consumer = await started(rq, idle_timeout=30, maintenance_interval=30)
+    try:
+        task = await waiting(consumer)
+        t = time.perf_counter()
+        await rq.resume_queue(env, "q")
+        batch = await asyncio.wait_for(task, 5)
+        assert [d.run_id for d in batch] == ["r1"]
+        assert time.perf_counter() - t < 0.5
+    finally:
+        await consumer.close()
+
+
+async def test_delayed_run_is_picked_up_when_due(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    consumer = await started(rq, idle_timeout=30, maintenance_interval=30)
+    try:
+        await rq.enqueue(env, "q", "later", delay_ms=300)
+        t = time.perf_counter()
+        (d,) = await asyncio.wait_for(consumer.next_batch(10), 5)
+        elapsed = time.perf_counter() - t
+        assert d.run_id == "later"
+        assert 0.25 <= elapsed < 1.0, elapsed
+    finally:
+        await consumer.close()
+
+
+async def test_delayed_run_enqueued_while_waiting_is_picked_up_when_due(
+    make_queue: Any, env: Environment
+) -> None:
+    """The consumer is already asleep (nothing due) when a delayed run arrives."""
+    rq: RunQueue = await make_queue()
+    consumer = await started(rq, idle_timeout=30, maintenance_interval=30)
+    try:
+        task = await waiting(consumer)
+        t = time.perf_counter()
+        await rq.enqueue(env, "q", "later", delay_ms=300)
+        (d,) = await asyncio.wait_for(task, 5)
+        elapsed = time.perf_counter() - t
+        assert d.run_id == "later"
+        assert 0.25 <= elapsed < 1.0, elapsed
+    finally:
+        await consumer.close()
+
+
+async def test_backoff_retry_is_picked_up_when_due(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1")
+    consumer = await started(rq, idle_timeout=30, maintenance_interval=30)
+    try:
+        (d,) = await consumer.next_batch(10)
+        task = await waiting(consumer)
+        await rq.nack(d, retry_at_ms=int(time.time() * 1000) + 300)
+        (again,) = await asyncio.wait_for(task, 5)
+        assert (again.run_id, again.attempt) == ("r1", 1)
+    finally:
+        await consumer.close()
+
+
+async def test_next_batch_timeout_returns_empty(make_queue: Any) -> None:
+    rq: RunQueue = await make_queue()
+    consumer = await started(rq, idle_timeout=30)
+    try:
+        t = time.perf_counter()
+        assert await consumer.next_batch(10, timeout=0.2) == []
+        assert 0.15 <= time.perf_counter() - t < 1.0
+    finally:
+        await consumer.close()
+
+
+async def test_maintenance_reclaims_lapsed_leases(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue(lease_ms=200)
+    await rq.enqueue(env, "q", "r1")
+    (lost,) = await rq.dequeue(1)  # a holder that never heartbeats
+    consumer = await started(rq, idle_timeout=30, maintenance_interval=0.1)
+    try:
+        (d,) = await asyncio.wait_for(consumer.next_batch(10), 5)
+        assert (d.run_id, d.delivery) == ("r1", lost.delivery + 1)
+    finally:
+        await consumer.close()
+
+
+async def test_maintenance_runs_on_its_timer_while_waiting(
+    make_queue: Any, env: Environment
+) -> None:
+    """A long idle timeout does not delay lost-consumer recovery."""
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1")
+    (lost,) = await rq.dequeue(1, lease_ms=600)  # a holder that never heartbeats
+    t = time.perf_counter()
+    consumer = await started(rq, idle_timeout=30, maintenance_interval=0.1)
+    try:
+        task = await waiting(consumer)  # asleep: nothing queued, nothing due
+        (d,) = await asyncio.wait_for(task, 5)
+        assert (d.run_id, d.delivery) == ("r1", lost.delivery + 1)
+        assert 0.5 <= time.perf_counter() - t < 1.5
+    finally:
+        await consumer.close()
+
+
+async def test_a_long_interval_consumer_does_not_hold_off_maintenance(
+    make_queue: Any, env: Environment
+) -> None:
+    """The shared maintenance lock lasts at most a second, whoever took it."""
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1")
+    (lost,) = await rq.dequeue(1, lease_ms=100)
+    lazy = await started(rq, idle_timeout=30, maintenance_interval=3600)
+    busy = await started(await make_queue(), idle_timeout=30, maintenance_interval=0.1)
+    try:
+        await lazy.maintain()  # takes the lock first
+        t = time.perf_counter()
+        (d,) = await asyncio.wait_for(busy.next_batch(10), 5)
+        assert (d.run_id, d.delivery) == ("r1", lost.delivery + 1)
+        assert time.perf_counter() - t < 2.0
+    finally:
+        await lazy.close()
+        await busy.close()
+
+
+async def test_maintenance_expires_ttls(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", ttl_ms=100, delay_ms=10_000)
+    consumer = await started(rq, idle_timeout=0.1, maintenance_interval=0.1)
+    try:
+        assert await consumer.next_batch(10, timeout=0.5) == []
+        runs, _ = await rq.read_expired()
+        assert [r.run_id for r in runs] == ["r1"]
+    finally:
+        await consumer.close()
+
+
+async def test_close_ends_a_waiting_next_batch(make_queue: Any) -> None:
+    rq: RunQueue = await make_queue()
+    consumer = await started(rq, idle_timeout=0.1)
+    task = await waiting(consumer)
+    await consumer.close()
+    assert await asyncio.wait_for(task, 2) == []
+
+
+async def _total_calls(client: Any) -> int:
+    stats = await client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+async def test_an_idle_consumer_costs_the_server_almost_nothing(
+    make_queue: Any, redis_url: str
+) -> None:
+    if is_cluster_url(redis_url):
+        pytest.skip("counts one server's INFO commandstats")
+    rq: RunQueue = await make_queue()
+    # the defaults: a 1 s idle timeout and 1 s maintenance interval
+    consumer = await started(rq)
+    try:
+        task = await waiting(consumer)
+        before = await _total_calls(rq.client)
+        await asyncio.sleep(1.0)
+        after = await _total_calls(rq.client)
+        task.cancel()
+    finally:
+        await consumer.close()
+    assert after - before < 20, after - before
