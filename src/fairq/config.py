@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from fairq.errors import ConfigurationError
+from fairq.errors import ConfigurationError, InvalidNameError
+from fairq.keys import validate_prefix
 
 JoinPolicy = Literal["floor", "behind_leader"]
 
@@ -130,6 +131,10 @@ class RunQueueConfig:
     vtime: VirtualTimeOptions = field(default_factory=VirtualTimeOptions)
 
     def __post_init__(self) -> None:
+        try:
+            validate_prefix(self.prefix)
+        except InvalidNameError as exc:
+            raise ConfigurationError(str(exc)) from None
         _check(
             1 <= self.shard_count <= 16384,
             f"shard_count must be in 1..16384, got {self.shard_count}",
@@ -159,6 +164,7 @@ class RunQueueConfig:
         env = os.environ if environ is None else environ
         vt: dict[str, object] = {}
         top: dict[str, object] = {}
+        sources: dict[str, str] = {}
 
         def read(name: str, conv: type, target: dict[str, object], attr: str) -> None:
             raw = env.get(name)
@@ -174,6 +180,15 @@ class RunQueueConfig:
                     target[attr] = conv(raw)
             except ValueError:
                 raise ConfigurationError(f"{name}={raw!r} is not a valid {conv.__name__}") from None
+            # check the value alone, so the error names the variable that carried it
+            try:
+                if target is vt:
+                    VirtualTimeOptions(**{attr: target[attr]})  # type: ignore[arg-type]
+                else:
+                    cls(**{attr: target[attr]})  # type: ignore[arg-type]
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{name}={raw!r}: {exc}") from None
+            sources[attr] = name
 
         read("FAIRQ_CK_VTIME_ENABLED", bool, vt, "enabled")
         read("FAIRQ_CK_VTIME_QUANTUM", float, vt, "quantum")
@@ -184,10 +199,6 @@ class RunQueueConfig:
         read("FAIRQ_SHARD_COUNT", int, top, "shard_count")
         read("FAIRQ_MAX_PER_KEY_PER_CALL", int, top, "max_per_key_per_call")
         read("FAIRQ_COUNTER_TTL_SECONDS", int, top, "counter_ttl_seconds")
-        try:
-            vtime = VirtualTimeOptions(**vt)  # type: ignore[arg-type]
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"FAIRQ_CK_VTIME_*: {exc}") from None
         top.update(overrides)
-        top.setdefault("vtime", vtime)
+        top.setdefault("vtime", VirtualTimeOptions(**vt))  # type: ignore[arg-type]
         return cls(**top)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import json
 import random
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fairq import keys as K
@@ -353,27 +353,38 @@ class RunQueue:
 
     # ------------------------------------------------------------------ finishing
 
-    def _by_shard(self, deliveries: Iterable[Delivery]) -> dict[int, list[Delivery]]:
-        grouped: dict[int, list[Delivery]] = defaultdict(list)
-        for d in deliveries:
-            grouped[self.keys.shard_of(d.env)].append(d)
-        return grouped
+    async def _per_shard(
+        self,
+        operation: str,
+        deliveries: Sequence[Delivery],
+        keys: Callable[[K.ShardKeys], list[str]],
+        head: list[str],
+        now_ms: int | None,
+    ) -> list[int]:
+        """Run a batch script once per shard over (lease member, delivery) pairs and return
+        its per-run codes in the order of ``deliveries`` (duplicates included)."""
+        positions: dict[int, list[int]] = defaultdict(list)
+        for i, d in enumerate(deliveries):
+            positions[self.keys.shard_of(d.env)].append(i)
+        codes = [0] * len(deliveries)
+        for shard, indexes in positions.items():
+            args = list(head)
+            for i in indexes:
+                args += [deliveries[i].lease_member, str(deliveries[i].delivery)]
+            reply = await self._run(operation, keys(self.keys.shard(shard)), args, now_ms)
+            for i, code in zip(indexes, reply, strict=True):
+                codes[i] = int(code)
+        return codes
 
     async def ack(
         self, deliveries: Sequence[Delivery], *, now_ms: int | None = None
     ) -> list[AckStatus]:
         """Finish runs: free their slots and delete them (one script call per shard)."""
-        statuses: dict[tuple[Environment, str], AckStatus] = {}
-        codes = {1: AckStatus.ACKED, 0: AckStatus.UNKNOWN, -1: AckStatus.LEASE_LOST}
-        for shard, group in self._by_shard(deliveries).items():
-            s = self.keys.shard(shard)
-            args: list[str] = []
-            for d in group:
-                args += [d.lease_member, str(d.delivery)]
-            reply = await self._run("ack", [s.leases, s.message_root], args, now_ms)
-            for d, code in zip(group, reply, strict=True):
-                statuses[(d.env, d.run_id)] = codes[int(code)]
-        return [statuses[(d.env, d.run_id)] for d in deliveries]
+        statuses = {1: AckStatus.ACKED, 0: AckStatus.UNKNOWN, -1: AckStatus.LEASE_LOST}
+        codes = await self._per_shard(
+            "ack", deliveries, lambda s: [s.leases, s.message_root], [], now_ms
+        )
+        return [statuses[c] for c in codes]
 
     async def nack(
         self,
@@ -418,31 +429,17 @@ class RunQueue:
     ) -> list[bool]:
         """Extend leases; ``False`` for a run whose lease was already lost."""
         lease = _check_lease(self.config.lease_ms if lease_ms is None else lease_ms)
-        result: dict[tuple[Environment, str], bool] = {}
-        for shard, group in self._by_shard(deliveries).items():
-            s = self.keys.shard(shard)
-            args = [str(lease)]
-            for d in group:
-                args += [d.lease_member, str(d.delivery)]
-            reply = await self._run("heartbeat", [s.leases, s.message_root], args, now_ms)
-            for d, code in zip(group, reply, strict=True):
-                result[(d.env, d.run_id)] = int(code) == 1
-        return [result[(d.env, d.run_id)] for d in deliveries]
+        codes = await self._per_shard(
+            "heartbeat", deliveries, lambda s: [s.leases, s.message_root], [str(lease)], now_ms
+        )
+        return [c == 1 for c in codes]
 
     async def release(
         self, deliveries: Sequence[Delivery], *, now_ms: int | None = None
     ) -> list[bool]:
         """Free the concurrency slots of leased runs but keep them leased."""
-        result: dict[tuple[Environment, str], bool] = {}
-        for shard, group in self._by_shard(deliveries).items():
-            s = self.keys.shard(shard)
-            args: list[str] = []
-            for d in group:
-                args += [d.lease_member, str(d.delivery)]
-            reply = await self._run("release", [s.message_root], args, now_ms)
-            for d, code in zip(group, reply, strict=True):
-                result[(d.env, d.run_id)] = int(code) == 1
-        return [result[(d.env, d.run_id)] for d in deliveries]
+        codes = await self._per_shard("release", deliveries, lambda s: [s.message_root], [], now_ms)
+        return [c == 1 for c in codes]
 
     # ------------------------------------------------------------------ maintenance
 

@@ -139,3 +139,12 @@ async def test_batched_ack_across_shards_keeps_order(make_queue: Any) -> None:
 async def test_ack_of_nothing_is_fine(make_queue: Any) -> None:
     rq: RunQueue = await make_queue()
     assert await rq.ack([]) == []
+
+
+async def test_batch_results_follow_positions_even_for_a_repeated_run(make_queue, env) -> None:
+    """Given one delivery listed twice in one ack call,
+    when it is acked, then the first entry reports ACKED and the repeat UNKNOWN."""
+    rq = await make_queue()
+    await rq.enqueue(env, "q", "r1", {}, now_ms=1_000)
+    (delivery,) = await rq.dequeue_from_queue(env, "q", keyed=False, now_ms=2_000)
+    assert await rq.ack([delivery, delivery], now_ms=3_000) == [AckStatus.ACKED, AckStatus.UNKNOWN]

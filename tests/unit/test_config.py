@@ -196,12 +196,6 @@ def test_out_of_range_variables_raise(name: str, raw: str) -> None:
         RunQueueConfig.from_env({name: raw})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config.py (not owned here) reports the field (e.g. 'shard_count ...') or "
-    "'FAIRQ_CK_VTIME_*', not the variable, for values that parse but are out of range; "
-    "FAIRQ_PREFIX is not validated by from_env at all",
-)
 @pytest.mark.parametrize("name, raw", [*OUT_OF_RANGE, ("FAIRQ_PREFIX", "has:colon")])
 def test_out_of_range_variables_name_the_variable(name: str, raw: str) -> None:
     with pytest.raises(ConfigurationError) as info:
