@@ -154,6 +154,12 @@ class Consumer:
             if loop.time() >= self._next_maintenance:
                 await self.maintain()
 
+    async def dequeue(self, max_count: int) -> tuple[list[Delivery], int | None]:
+        """One attempt: leased runs, and (when none) the earliest head score in ms (a
+        future one tells how long to sleep). Subclasses narrow what is dequeued."""
+        batch = await self.rq.dequeue(max_count)
+        return batch, (None if batch else await self.rq.next_due_ms())
+
     async def next_batch(
         self,
         max_count: int = 10,
@@ -170,11 +176,10 @@ class Consumer:
         while not self.closed:
             self._wake.clear()
             await self.maintain()
-            batch = await self.rq.dequeue(max_count)
+            batch, due = await self.dequeue(max_count)
             if batch:
                 return batch
             wait = self.idle_timeout
-            due = await self.rq.next_due_ms()
             now = wall_clock_ms()
             if due is not None and due > now:
                 # a delayed run (or a backoff) becomes ready then; ready-but-gated work

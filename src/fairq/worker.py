@@ -123,35 +123,6 @@ class _AppConsumer(Consumer):
             )
         return out, next_due
 
-    async def next_batch(
-        self,
-        max_count: int = 10,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 - Consumer.next_batch's contract
-    ) -> list[Delivery]:
-        """Like :meth:`Consumer.next_batch`, restricted to the app's queues."""
-        await self.start()
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while not self.closed:
-            self._wake.clear()
-            await self.maintain()
-            batch, due = await self.dequeue(max_count)
-            if batch:
-                return batch
-            wait = self.idle_timeout
-            now = wall_clock_ms()
-            if due is not None and due > now:
-                wait = min(wait, (due - now) / 1000)
-            if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return []
-                wait = min(wait, remaining)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
-        return []
-
 
 def _error_text(exc: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
