@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from fairq import keys as K
 from fairq.app import Fairq, PermanentError, RunStatus, Task, outcome_json
 from fairq.consumer import Consumer
+from fairq.metrics import record_dequeue
 from fairq.models import AckStatus, Delivery, NackOutcome
 from fairq.store import RunQueue, wall_clock_ms
 
@@ -300,6 +301,10 @@ class Worker:
                 continue
             for delivery in batch:
                 self._start(delivery)
+            if batch:
+                # the dashboard's served-share chart and the wait histogram
+                with contextlib.suppress(RedisError, OSError):
+                    await record_dequeue(self._consumer.rq, batch)
             if self.burst:
                 idle_polls = 0 if (batch or self._inflight) else idle_polls + 1
                 if idle_polls >= 2:
