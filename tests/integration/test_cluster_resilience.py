@@ -77,21 +77,18 @@ async def ack_until_answered(rq: RunQueue, batch: list[Delivery], ledger: Ledger
     """Ack, retrying through connection errors.
 
     An ack is idempotent: repeating one whose reply was lost answers UNKNOWN (the run is
-    gone). Nobody else holds these leases, so after a failed attempt UNKNOWN means that
-    attempt went through.
+    gone). Nobody else holds these leases (and no run here has a TTL), so UNKNOWN means an
+    earlier attempt went through: ours, or one the cluster client retried by itself.
     """
-    retried = False
     while True:
         try:
             statuses = await rq.ack(batch)
         except (RedisError, OSError) as exc:
             ledger.errors[f"ack: {type(exc).__name__}"] += 1
-            retried = True
             await asyncio.sleep(0.05)
             continue
         for d, status in zip(batch, statuses, strict=True):
             assert status is not AckStatus.LEASE_LOST, f"{d.run_id}: lease lost without expiry"
-            assert status is AckStatus.ACKED or retried, f"{d.run_id}: unknown on first ack"
             ledger.acked[(d.env.id, d.run_id)] += 1
         if ledger.done >= RUNS // 4:
             ledger.quarter_done.set()
