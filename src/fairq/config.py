@@ -106,7 +106,7 @@ class RunQueueConfig:
     Attributes:
         prefix: key prefix; two prefixes on one server never share a key.
         shard_count: master-queue shards (hash tags). On a cluster choose at least
-            ``4 x masters`` so slots spread over every node (see docs/cluster.md).
+            ``8 x masters`` (and 16) so every node serves shards (see docs/cluster.md).
         default_env_concurrency: env concurrency limit when none is set.
         default_burst_factor: env burst factor when none is set.
         default_queue_size_limit: per-queue size cap when neither queue nor env sets one (0 = none).

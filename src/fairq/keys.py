@@ -77,6 +77,9 @@ _QUEUE_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/]*$")
 _PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 _CK_SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
+#: Environments whose shard a KeySchema remembers.
+_SHARD_CACHE_SIZE: Final = 65_536
+
 #: Master-queue member kinds.
 KIND_QUEUE: Final = "q"
 KIND_CK: Final = "ck"
@@ -247,11 +250,18 @@ class KeySchema:
         if not isinstance(shard_count, int) or not 1 <= shard_count <= 16384:
             raise InvalidNameError("shard count", shard_count, "must be an integer in 1..16384")
         self.shard_count = shard_count
+        self._shard_cache: dict[str, int] = {}
         #: Pub/sub channel for wake-up hints (no hash tag: never used in a script's KEYS).
         self.wake_channel = f"{prefix}:wake"
 
     def shard_of(self, env: Environment) -> int:
-        return jump_hash(env.id, self.shard_count)
+        """The environment's shard (memoised: a SHA-256 per message adds up)."""
+        shard = self._shard_cache.get(env.id)
+        if shard is None:
+            if len(self._shard_cache) >= _SHARD_CACHE_SIZE:
+                self._shard_cache.clear()
+            shard = self._shard_cache[env.id] = jump_hash(env.id, self.shard_count)
+        return shard
 
     def shard(self, shard: int) -> ShardKeys:
         tag = "{" + f"{self.prefix}.{shard}" + "}"

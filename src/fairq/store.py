@@ -10,6 +10,7 @@ milliseconds. Tests and the simulator pass a logical clock instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -249,7 +250,8 @@ class RunQueue:
             groups[(r.env, r.queue)].append(i)
         results: list[EnqueueResult | None] = [None] * len(requests)
         script = self._scripts[self.script_name("enqueue")]
-        for (env, queue), indexes in groups.items():
+
+        async def enqueue_group(env: Environment, queue: str, indexes: list[int]) -> None:
             q = self.keys.queue(env, queue)
             e = self.keys.env(env)
             s = self.keys.shard(self.keys.shard_of(env))
@@ -265,6 +267,9 @@ class RunQueue:
                     int(code), EnqueueStatus.REJECTED
                 )
                 results[i] = EnqueueResult(requests[i].run_id, status, limit)
+
+        # one script call per base queue, sent concurrently (each is atomic on its own)
+        await asyncio.gather(*(enqueue_group(env, q, ix) for (env, q), ix in groups.items()))
         return [r for r in results if r is not None]
 
     # ------------------------------------------------------------------ dequeue

@@ -31,7 +31,7 @@ from fairq import keys as K
 from fairq.config import RunQueueConfig, VirtualTimeOptions
 from fairq.keys import Environment
 from fairq.models import Delivery, EnqueueRequest
-from fairq.server import AnyRedis
+from fairq.server import AnyRedis, info_per_node
 from fairq.sim.disciplines import CoDelState, Discipline, Model, make_model
 from fairq.sim.scenario import Hold, Scenario
 from fairq.store import RunQueue
@@ -158,16 +158,17 @@ class Trace:
 
 
 async def command_calls(client: AnyRedis) -> int:
-    """Successful calls in INFO commandstats (``calls - failed_calls``, so a first EVALSHA
-    that meets NOSCRIPT is not counted), minus the harness's own bookkeeping."""
-    stats = await client.info("commandstats")
+    """Successful calls in INFO commandstats, summed over every master
+    (``calls - failed_calls``, so a first EVALSHA that meets NOSCRIPT is not counted),
+    minus the harness's own bookkeeping."""
     total = 0
-    for name, row in stats.items():
-        command = str(name).removeprefix("cmdstat_")
-        if command.split("|", 1)[0] in _UNCOUNTED:
-            continue
-        if isinstance(row, dict):
-            total += int(row.get("calls", 0)) - int(row.get("failed_calls", 0))
+    for stats in (await info_per_node(client, "commandstats")).values():
+        for name, row in stats.items():
+            command = str(name).removeprefix("cmdstat_")
+            if command.split("|", 1)[0] in _UNCOUNTED:
+                continue
+            if isinstance(row, dict):
+                total += int(row.get("calls", 0)) - int(row.get("failed_calls", 0))
     return total
 
 
