@@ -83,7 +83,10 @@ def _ping(host: str, port: int, timeout: float = 0.2) -> bool:
 class EmbeddedServer:
     """A private Valkey process on loopback.
 
-    Use as a context manager, or call :meth:`start` / :meth:`stop`.
+    Use as a context manager, or call :meth:`start` / :meth:`stop`. Linux ties the child
+    to the *thread* that starts it (``PR_SET_PDEATHSIG``): start it from a thread that
+    lives as long as you need the server (the main thread, or the event loop's), not
+    from a short-lived worker thread.
     """
 
     def __init__(

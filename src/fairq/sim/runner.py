@@ -93,8 +93,9 @@ async def run_all(
     Returns the records in run order and the traces ``keep_traces`` asked to keep.
     """
     if url is None:
-        server = EmbeddedServer()
-        await asyncio.to_thread(server.start)
+        # started on this (the loop's) thread: the server is tied to the thread that
+        # starts it (PR_SET_PDEATHSIG), and must live as long as the loop
+        server = EmbeddedServer().start()  # a ~20 ms wait for PING
         try:
             return await run_all(server.url, runs, on_done=on_done, keep_traces=keep_traces)
         finally:
