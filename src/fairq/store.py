@@ -44,6 +44,8 @@ from fairq.scripts import registry
 from fairq.selection import SelectionStrategy
 from fairq.server import AnyRedis
 
+#: Script calls one enqueue_many keeps in flight at once (bounds connections used).
+MAX_CONCURRENT_CALLS = 8
 #: Largest batch one dequeue call may ask for.
 MAX_DEQUEUE_COUNT = 1000
 
@@ -268,8 +270,14 @@ class RunQueue:
                 )
                 results[i] = EnqueueResult(requests[i].run_id, status, limit)
 
-        # one script call per base queue, sent concurrently (each is atomic on its own)
-        await asyncio.gather(*(enqueue_group(env, q, ix) for (env, q), ix in groups.items()))
+        # one script call per base queue (each atomic on its own), a few in flight at once
+        limiter = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+
+        async def limited(env: Environment, queue: str, indexes: list[int]) -> None:
+            async with limiter:
+                await enqueue_group(env, queue, indexes)
+
+        await asyncio.gather(*(limited(env, q, ix) for (env, q), ix in groups.items()))
         return [r for r in results if r is not None]
 
     # ------------------------------------------------------------------ dequeue
