@@ -28,6 +28,19 @@ class AckStatus(enum.Enum):
     LEASE_LOST = "lease_lost"
 
 
+class CancelOutcome(enum.Enum):
+    """What :meth:`fairq.store.RunQueue.cancel` did."""
+
+    #: The run was queued; it is gone and will never be delivered.
+    CANCELLED = "cancelled"
+    #: The run was dead-lettered; it is gone from the dead-letter queue.
+    REMOVED_FROM_DLQ = "removed_from_dlq"
+    #: The run is running; nothing changed (its worker acks or nacks it).
+    RUNNING = "running"
+    #: No such run (never enqueued, finished, or expired).
+    UNKNOWN = "unknown"
+
+
 class NackOutcome(enum.Enum):
     REQUEUED = "requeued"
     DEAD_LETTERED = "dead_lettered"

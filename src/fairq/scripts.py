@@ -40,6 +40,8 @@ SCRIPT_NAMES = (
     "expire_ttl_vtime",
     "redrive",
     "redrive_vtime",
+    "cancel",
+    "cancel_vtime",
     "seed_counters",
 )
 

@@ -29,6 +29,7 @@ from fairq.errors import (
 from fairq.keys import Environment, KeySchema
 from fairq.models import (
     AckStatus,
+    CancelOutcome,
     DeadLetter,
     Delivery,
     EnqueueRequest,
@@ -570,6 +571,26 @@ class RunQueue:
         )
         if int(done) != 1:
             raise RunNotFoundError(run_id, f"the dead-letter queue of {env}")
+
+    async def cancel(
+        self, env: Environment, run_id: str, *, now_ms: int | None = None
+    ) -> CancelOutcome:
+        """Remove a run that has not started (queued or dead-lettered) in one script call.
+
+        A queued run leaves its queue (counters, index and master queue follow); a
+        running run is not touched (``RUNNING``).
+        """
+        K.validate_name("run id", run_id)
+        e = self.keys.env(env)
+        s = self.keys.shard(self.keys.shard_of(env))
+        code = await self._run(
+            "cancel", [e.prefix, s.master, s.ttl, s.message_root], [env.id, run_id], now_ms
+        )
+        return {
+            1: CancelOutcome.CANCELLED,
+            2: CancelOutcome.REMOVED_FROM_DLQ,
+            -1: CancelOutcome.RUNNING,
+        }.get(int(code), CancelOutcome.UNKNOWN)
 
     # ------------------------------------------------------------------ limits
 

@@ -127,8 +127,11 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
             )
         )
         requests.append(EnqueueRequest(env, "short", f"ttl-{i}", None, ttl_ms=10))
+        requests.append(EnqueueRequest(env, "keyed", f"cancel-{i}", None, concurrency_key="c"))
     results = await rq.enqueue_many(requests, now_ms=NOW)
     assert {r.status.name for r in results} == {"ENQUEUED"}
+    for i, env in enumerate(envs):
+        assert (await rq.cancel(env, f"cancel-{i}", now_ms=NOW)).name == "CANCELLED"
     duplicate = await rq.enqueue(envs[0], "q0/sub", "run-0-0", now_ms=NOW)
     assert duplicate.name == "DUPLICATE"
 

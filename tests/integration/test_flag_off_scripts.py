@@ -65,6 +65,8 @@ async def _every_operation(rq: RunQueue, env: Environment) -> None:
     await rq.nack(keyed[1], max_attempts=1, now_ms=now)  # dead-letters it
     await rq.ack(keyed[2:], now_ms=now)
     await rq.redrive(env, keyed[1].run_id, now_ms=now)
+    await rq.enqueue(env, QUEUE, "cancelled", None, concurrency_key="ck9", now_ms=now)
+    await rq.cancel(env, "cancelled", now_ms=now)
     await rq.expire_ttl(now_ms=now + 100)
     await rq.dequeue_from_queue(env, QUEUE, keyed=False, max_count=10, now_ms=now + 100)
     await rq.dequeue(10, now_ms=now + 100, lease_ms=100)
@@ -82,7 +84,15 @@ async def test_flag_off_operations_only_resolve_to_pre_existing_scripts(
     await _every_operation(rq, env)
     assert recorder.used, "the workload ran scripts"
     assert not recorder.used & VTIME_SCRIPTS
-    assert {"enqueue", "dequeue_ck", "nack", "redrive", "expire_ttl", "reclaim"} <= recorder.used
+    assert {
+        "enqueue",
+        "dequeue_ck",
+        "nack",
+        "redrive",
+        "expire_ttl",
+        "reclaim",
+        "cancel",
+    } <= recorder.used
 
 
 async def test_flag_on_uses_the_twins_for_membership_changes(
@@ -92,7 +102,7 @@ async def test_flag_on_uses_the_twins_for_membership_changes(
     recorder = _Recorder()
     rq._scripts = recorder  # type: ignore[assignment]
     await _every_operation(rq, env)
-    twins = {"enqueue", "dequeue_ck", "nack", "redrive", "expire_ttl", "reclaim"}
+    twins = {"enqueue", "dequeue_ck", "nack", "redrive", "expire_ttl", "reclaim", "cancel"}
     assert {f"{t}_vtime" for t in twins} <= recorder.used
     assert not recorder.used & twins
 

@@ -1,0 +1,110 @@
+"""Cancelling a run that has not started: a queued one never gets delivered, a dead
+letter leaves the DLQ, a running one is left alone; counts and indexes follow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fairq.errors import InvalidNameError
+from fairq.keys import Environment
+from fairq.models import CancelOutcome
+
+
+async def _keys(rq: Any) -> dict[str, Any]:
+    """Every key of the test prefix with its contents (to show nothing changed)."""
+    out: dict[str, Any] = {}
+    async for key in rq.client.scan_iter(match=f"*{rq.keys.prefix}*"):
+        kind = (await rq.client.type(key)).decode()
+        if kind == "hash":
+            out[key] = await rq.client.hgetall(key)
+        elif kind == "zset":
+            out[key] = await rq.client.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            out[key] = sorted(await rq.client.smembers(key))
+        elif kind == "string":
+            out[key] = await rq.client.get(key)
+    return out
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["age-order", "fair-order"])
+async def test_a_cancelled_queued_run_is_never_delivered(
+    make_queue: Any, env: Environment, fair: bool
+) -> None:
+    rq = await make_queue(vtime={"enabled": fair})
+    await rq.enqueue(env, "q", "keep", {}, concurrency_key="a", now_ms=1_000)
+    await rq.enqueue(env, "q", "drop", {}, concurrency_key="a", now_ms=1_001)
+    await rq.enqueue(env, "q", "plain", {}, now_ms=1_002)
+
+    assert await rq.cancel(env, "drop", now_ms=2_000) is CancelOutcome.CANCELLED
+    assert await rq.cancel(env, "plain", now_ms=2_000) is CancelOutcome.CANCELLED
+
+    stats = await rq.queue_stats(env, "q", breakdown=True)
+    assert (stats.queued, stats.running) == (1, 0)
+    assert [(v.concurrency_key, v.queued) for v in stats.variants] == [("a", 1)]
+    served = await rq.dequeue(10, now_ms=3_000)
+    assert [d.run_id for d in served] == ["keep"]
+    assert await rq.run_state(env, "drop") is None
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["age-order", "fair-order"])
+async def test_cancelling_the_last_run_of_a_variant_drains_it(
+    make_queue: Any, env: Environment, fair: bool
+) -> None:
+    rq = await make_queue(vtime={"enabled": fair})
+    await rq.enqueue(env, "q", "only", {}, concurrency_key="solo", now_ms=1_000)
+    q = rq.keys.queue(env, "q")
+
+    assert await rq.cancel(env, "only", now_ms=2_000) is CancelOutcome.CANCELLED
+
+    assert await rq.client.zcard(q.ck_index) == 0
+    assert await rq.client.zcard(rq.keys.shard(rq.keys.shard_of(env)).master) == 0
+    assert await rq.client.zscore(q.vtime, "solo") is None
+    assert int(await rq.client.get(q.ck_queued_counter) or 0) == 0
+
+
+async def test_a_running_run_is_not_cancelled_and_nothing_changes(
+    make_queue: Any, env: Environment
+) -> None:
+    rq = await make_queue()
+    await rq.enqueue(env, "q", "r1", {}, concurrency_key="a", now_ms=1_000)
+    (delivery,) = await rq.dequeue(1, now_ms=2_000)
+    before = await _keys(rq)
+
+    assert await rq.cancel(env, "r1", now_ms=3_000) is CancelOutcome.RUNNING
+
+    assert await _keys(rq) == before
+    assert await rq.ack([delivery], now_ms=4_000)
+
+
+async def test_cancelling_a_dead_letter_removes_it(make_queue: Any, env: Environment) -> None:
+    rq = await make_queue()
+    await rq.enqueue(env, "q", "r1", {}, now_ms=1_000)
+    (delivery,) = await rq.dequeue(1, now_ms=2_000)
+    await rq.nack(delivery, max_attempts=1, now_ms=3_000)
+    assert [d.run_id for d in await rq.dead_letters(env)] == ["r1"]
+
+    assert await rq.cancel(env, "r1", now_ms=4_000) is CancelOutcome.REMOVED_FROM_DLQ
+
+    assert await rq.dead_letters(env) == []
+    assert (await rq.env_stats(env)).dead_lettered == 0
+
+
+async def test_a_cancelled_run_with_a_ttl_is_not_reported_as_expired(
+    make_queue: Any, env: Environment
+) -> None:
+    rq = await make_queue()
+    await rq.enqueue(env, "q", "r1", {}, ttl_ms=1_000, now_ms=1_000)
+    assert await rq.cancel(env, "r1", now_ms=1_500) is CancelOutcome.CANCELLED
+
+    assert await rq.expire_ttl(now_ms=10_000) == 0
+    expired, _ = await rq.read_expired()
+    assert expired == []
+
+
+async def test_unknown_and_invalid_runs(make_queue: Any, env: Environment) -> None:
+    rq = await make_queue()
+    assert await rq.cancel(env, "never", now_ms=1_000) is CancelOutcome.UNKNOWN
+    with pytest.raises(InvalidNameError):
+        await rq.cancel(env, "a:b", now_ms=1_000)
