@@ -55,7 +55,7 @@ from fairq.errors import (
     QueueSizeLimitExceededError,
 )
 from fairq.keys import Environment
-from fairq.models import EnqueueRequest, EnqueueStatus
+from fairq.models import CancelOutcome, EnqueueRequest, EnqueueStatus
 from fairq.server import connect, resolve_url
 from fairq.store import RunQueue, encode_payload, wall_clock_ms
 
@@ -82,6 +82,7 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"
     EXPIRED = "expired"
     DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
 
     @property
     def finished(self) -> bool:
@@ -91,6 +92,7 @@ class RunStatus(enum.StrEnum):
             RunStatus.FAILED,
             RunStatus.EXPIRED,
             RunStatus.DEAD_LETTERED,
+            RunStatus.CANCELLED,
         )
 
 
@@ -242,7 +244,7 @@ class RunHandle:
         """Wait until the run ends and return its result.
 
         Raises:
-            RunFailedError: it failed, expired or was dead-lettered.
+            RunFailedError: it failed, expired, was dead-lettered or cancelled.
             TimeoutError: it did not end within ``timeout`` seconds.
         """
         loop = asyncio.get_running_loop()
@@ -259,6 +261,10 @@ class RunHandle:
             pause = delay if deadline is None else min(delay, max(0.0, deadline - loop.time()))
             await asyncio.sleep(pause)
             delay = min(poll_interval * 10, delay * 2)
+
+    async def cancel(self) -> CancelOutcome:
+        """Cancel the run if it has not started (see :meth:`Fairq.cancel`)."""
+        return await self.task.app.cancel(self.run_id)
 
     def info_sync(self) -> RunInfo | None:
         """Blocking :meth:`info`."""
@@ -631,6 +637,27 @@ class Fairq:
     def outcome_key(self, rq: RunQueue, run_id: str) -> str:
         """Where a run's outcome is stored."""
         return K.run_outcome_key(rq.keys, self.env, run_id)
+
+    async def cancel(self, run_id: str) -> CancelOutcome:
+        """Cancel a run that has not started: a queued run is never delivered, a
+        dead-lettered one leaves the DLQ; either is then reported as ``cancelled``.
+        A running run is not interrupted (``CancelOutcome.RUNNING``)."""
+        K.validate_name("run id", run_id)
+        rq = await self.queue()
+        queue, ck, attempts = await rq.client.hmget(
+            rq.keys.env(self.env).message(run_id), ["q", "k", "a"]
+        )
+        outcome = await rq.cancel(self.env, run_id)
+        if outcome in (CancelOutcome.CANCELLED, CancelOutcome.REMOVED_FROM_DLQ):
+            record = outcome_json(
+                RunStatus.CANCELLED,
+                queue=_s(queue) if queue else "",
+                concurrency_key=K.decode_concurrency_key(_s(ck)) if ck else None,
+                attempts=int(attempts or 0),
+                finished_at_ms=wall_clock_ms(),
+            )
+            await rq.client.set(self.outcome_key(rq, run_id), record, ex=self.result_ttl_seconds)
+        return outcome
 
     async def get_run(self, run_id: str) -> RunInfo | None:
         """A run's status and result or error; None when fairq knows nothing of it

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("fairq.commands.stats", "Show queues: Queued | Running | limit | paused."),
     "limits": ("fairq.commands.limits", "Get or set env/queue limits; pause and resume queues."),
     "dlq": ("fairq.commands.dlq", "List and redrive dead-lettered runs."),
+    "cancel": ("fairq.commands.cancel", "Cancel queued or dead-lettered runs."),
     "server": ("fairq.commands.server", "Run, inspect or stop the embedded Valkey server."),
 }
 

@@ -47,7 +47,17 @@ async def queue_on(make_queue: Callable[..., Any]) -> RunQueue:
 
 async def test_help_lists_every_command(fairq_cli: Callable[..., Any]) -> None:
     out = fairq_cli("--help").stdout
-    for name in ("demo", "worker", "dashboard", "stats", "limits", "dlq", "bench", "server"):
+    for name in (
+        "demo",
+        "worker",
+        "dashboard",
+        "stats",
+        "limits",
+        "dlq",
+        "cancel",
+        "bench",
+        "server",
+    ):
         assert name in out
 
 
@@ -183,3 +193,19 @@ async def test_worker_refuses_what_is_not_an_app(
     assert done.returncode == 2 and "not a fairq.Fairq app" in done.stderr
     done = fairq_cli("worker", "no_such_module_xyz:app", ok=False)
     assert done.returncode == 2 and "cannot import" in done.stderr
+
+
+async def test_cancel_a_queued_run(
+    fairq_cli: Callable[..., Any], make_queue: Callable[..., Any], env: Environment
+) -> None:
+    rq = await queue_on(make_queue)
+    await rq.enqueue(env, "emails", "r1", {}, concurrency_key="t")
+    await rq.enqueue(env, "emails", "r2", {}, concurrency_key="t")
+
+    done = fairq_cli("cancel", env.id, "r1")
+    assert "r1: cancelled" in done.stdout
+    assert (await rq.queue_stats(env, "emails")).queued == 1
+
+    missing = fairq_cli("cancel", env.id, "r1", ok=False)
+    assert missing.returncode == 1
+    assert "unknown" in missing.stdout

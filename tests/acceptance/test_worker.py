@@ -390,3 +390,27 @@ async def test_runs_of_a_killed_worker_complete_in_another_worker(
     assert results == ["rescued 0", "rescued 1"]
     assert not list((tmp_path / "marks").glob("*.done"))
     await rescuer.aclose()
+
+
+async def test_a_cancelled_run_never_runs_and_reports_cancelled(app: Fairq) -> None:
+    # Given a task and two runs queued while no worker runs
+    ran: list[str] = []
+
+    @app.task(queue="cancellable")
+    async def job(payload: Any) -> None:
+        ran.append(payload["name"])
+
+    keep = await job.trigger({"name": "keep"}, concurrency_key="t1")
+    drop = await job.trigger({"name": "drop"}, concurrency_key="t1")
+
+    # When one is cancelled before a worker starts
+    assert (await drop.cancel()).name == "CANCELLED"
+
+    # Then the worker runs only the other, and the cancelled one reports so
+    async with RunningWorker(app, concurrency=2):
+        await keep.wait(timeout=10)
+    assert ran == ["keep"]
+    with pytest.raises(RunFailedError) as caught:
+        await drop.wait(timeout=5)
+    assert caught.value.status is RunStatus.CANCELLED
+    assert (await app.cancel(keep.run_id)).name == "UNKNOWN"
