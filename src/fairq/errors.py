@@ -74,14 +74,6 @@ class RunNotFoundError(FairqError, LookupError):
         super().__init__(f"run {run_id!r} not found in {where}")
 
 
-class LeaseLostError(FairqError):
-    """The consumer's lease on a run lapsed; the run may be delivered again elsewhere."""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        super().__init__(f"lease on run {run_id!r} was lost (it lapsed or the run was acked)")
-
-
 #: Lua error codes (returned as ``{err = "FQ<code> ..."}``) and their exception factories.
 LUA_ERROR_PREFIX = "FQ"
 

@@ -19,7 +19,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -338,7 +337,3 @@ def resolve_url(url: str | None = None, *, shared: bool = True) -> str:
     if shared:
         return shared_server_url(start=True)
     raise EmbeddedServerError(f"no server: set {URL_ENV} or start one")
-
-
-def python_executable() -> str:
-    return sys.executable

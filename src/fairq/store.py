@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fairq import keys as K
-from fairq.config import MAX_LIMIT, MAX_WEIGHT, UNLIMITED, RunQueueConfig
+from fairq.config import MAX_LIMIT, MAX_WEIGHT, RunQueueConfig
 from fairq.errors import (
     InvalidLimitError,
     PayloadError,
@@ -805,4 +805,4 @@ class RunQueue:
         return int(min(heads)) if heads else None
 
 
-__all__ = ["MAX_DEQUEUE_COUNT", "UNLIMITED", "RunQueue", "encode_payload", "wall_clock_ms"]
+__all__ = ["MAX_DEQUEUE_COUNT", "RunQueue", "encode_payload", "wall_clock_ms"]

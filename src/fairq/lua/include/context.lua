@@ -29,3 +29,11 @@ local WINDOW_MULTIPLIER = tonumber(ARGV[13])
 local FIRST_ARG = 14
 --- Unlimited, as a number.
 local UNLIMITED = 1000000000
+-- A caller bug, not a domain outcome: refuse before touching anything (FQ2 ->
+-- fairq.errors.InvalidLimitError via raise_for_code).
+local numeric = {NOW, COUNTER_TTL, VT_QUANTUM, VT_STATE_TTL, VT_ARRIVAL_CAP, VT_IDLE_MAX,
+  DEFAULT_ENV_CONCURRENCY, DEFAULT_BURST_FACTOR, DEFAULT_QUEUE_SIZE_LIMIT, MAX_PER_KEY,
+  WINDOW_MULTIPLIER}
+for i = 1, 11 do
+  if numeric[i] == nil then error({err = 'FQ2 context argument ' .. i .. ' is not a number'}) end
+end
