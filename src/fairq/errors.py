@@ -74,7 +74,10 @@ class RunNotFoundError(FairqError, LookupError):
         super().__init__(f"run {run_id!r} not found in {where}")
 
 
-#: Lua error codes (returned as ``{err = "FQ<code> ..."}``) and their exception factories.
+#: Prefix of a Lua error reply that carries a fairq code (``{err = "FQ<code> <detail>"}``).
+#: Domain outcomes (duplicate, rejected by the size limit, lease lost…) are not errors:
+#: scripts return them as status codes, which :mod:`fairq.store` decodes into enums.
+#: Codes: ``2`` = an argument the script refuses (a caller bug).
 LUA_ERROR_PREFIX = "FQ"
 
 
@@ -86,9 +89,6 @@ def raise_for_code(message: str) -> None:
     """
     text = message.split(LUA_ERROR_PREFIX, 1)[-1] if LUA_ERROR_PREFIX in message else message
     code, _, detail = text.partition(" ")
-    if code == "1":  # queue size limit: detail = "<queue> <max>"
-        queue, _, maximum = detail.rpartition(" ")
-        raise QueueSizeLimitExceededError(queue, int(maximum))
     if code == "2":
         raise InvalidLimitError("script argument", detail, "rejected by the server script")
     raise FairqError(f"server script error: {message}")
