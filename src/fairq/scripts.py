@@ -92,9 +92,11 @@ class Script:
 
     async def _load(self, client: Any, keys: list[str]) -> None:
         if isinstance(client, RedisCluster):
-            # SCRIPT LOAD on the node owning the slot of the first key.
-            node = client.get_node_from_key(keys[0])
-            await client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
+            # On every master: the client's idea of which node owns the slot may be stale
+            # right after a reshard, and a later call may land on another node anyway.
+            await client.execute_command(
+                "SCRIPT LOAD", self.source, target_nodes=RedisCluster.PRIMARIES
+            )
         else:
             await client.script_load(self.source)
 
