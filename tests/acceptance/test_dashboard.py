@@ -81,7 +81,7 @@ async def client_for() -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
     made: list[httpx.AsyncClient] = []
 
     def factory(rq: RunQueue, token: str | None = None) -> httpx.AsyncClient:
-        app = create_app(rq, token=token)
+        app = create_app(rq, token=token, allowed_hosts=None if token else ["dash"])
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash")
         made.append(client)
         return client
@@ -516,3 +516,14 @@ async def test_render_the_readme_screenshot(
                 await page.screenshot(path=str(target), full_page=True)
             finally:
                 await browser.close()
+
+
+async def test_a_token_less_dashboard_answers_loopback_host_names_only(make_queue: Any) -> None:
+    """DNS rebinding: a page on another site must not read a loopback dashboard."""
+    rq = await make_queue()
+    app = create_app(rq, token=None)
+    for host, expected in (("127.0.0.1:8765", 200), ("localhost", 200), ("evil.example", 400)):
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url=f"http://{host}"
+        ) as client:
+            assert (await client.get("/api/overview")).status_code == expected, host

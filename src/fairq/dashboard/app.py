@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import hmac
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import parse_qs, quote, urlsplit
@@ -57,6 +58,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -391,12 +393,21 @@ def _env_param(request: Request) -> Environment:
     return Environment.parse(request.path_params["env"])
 
 
-def create_app(rq: RunQueue, *, token: str | None) -> Starlette:
+#: Host headers a token-less dashboard answers (loopback only: a page on another site
+#: that rebinds its DNS name to 127.0.0.1 must not read the JSON).
+LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "[::1]")
+
+
+def create_app(
+    rq: RunQueue, *, token: str | None, allowed_hosts: Sequence[str] | None = None
+) -> Starlette:
     """The dashboard app for one queue connection.
 
     Args:
         rq: the queue to show (its client must belong to the server's event loop).
         token: when set, every request must carry it (see the module docstring).
+        allowed_hosts: Host headers to answer; default: any with a token, loopback
+            names only without one.
 
     Returns:
         A Starlette app; serve it with uvicorn (``fairq dashboard`` does).
@@ -463,6 +474,11 @@ def create_app(rq: RunQueue, *, token: str | None) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={FairqError: fairq_error})
     if token:
         app.add_middleware(TokenMiddleware, token=token)
+    hosts = list(allowed_hosts) if allowed_hosts is not None else None
+    if hosts is None and not token:
+        hosts = list(LOOPBACK_HOSTS)
+    if hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     return app
 
 
