@@ -41,7 +41,7 @@ from fairq.models import (
     QueueStats,
     VariantStats,
 )
-from fairq.scripts import registry
+from fairq.scripts import VTIME_SCRIPTS, registry
 from fairq.selection import SelectionStrategy
 from fairq.server import AnyRedis
 
@@ -144,9 +144,7 @@ class RunQueue:
     def script_name(self, operation: str) -> str:
         """The script an operation runs: its ``_vtime`` twin when the fair order is on."""
         twin = f"{operation}_vtime"
-        if self.fair and twin in {s.name for s in self._scripts.all()}:
-            return twin
-        return operation
+        return twin if self.fair and twin in VTIME_SCRIPTS else operation
 
     def _ctx(self, now: int | None) -> list[str]:
         return [str(wall_clock_ms() if now is None else int(now)), *self._context_tail]
