@@ -1,60 +1,87 @@
 """The key schema: every Redis key fairq uses is named here and nowhere else.
 
+The tables below (:data:`SHARD_KEYS`, :data:`ENV_KEYS`, :data:`QUEUE_KEYS`,
+:data:`VARIANT_KEYS`, :data:`TENANT_KEYS`) are the one written description of the
+keyspace. Python builds key names from them (:class:`KeySchema`), and the script loader
+generates the Lua key builders from the very same tables (:func:`lua_schema`), so a key
+name is never spelled twice.
+
 Cluster safety
 --------------
 Every environment belongs to one *shard*, chosen by a stable jump hash of its id over
 ``shard_count``. A shard is a Redis Cluster hash tag: ``{<prefix>.<shard>}``. Every key
-of an environment (its queues, variants, messages, limits, DLQ) starts with its shard's
-tag, and so do the per-shard keys (master queue, leases, TTL index, expiry stream). So
-every Lua script touches keys of exactly one hash slot: it receives a few keys through
-KEYS and derives the others by appending suffixes to a KEYS entry (or to a prefix stored
-in a message hash that was itself built here), never by ``KEYS``/``SCAN``.
+of an environment (its queues, variants, tenants, runs, limits, DLQ) starts with its
+shard's tag, and so do the per-shard keys. Every script receives the shard tag as
+``KEYS[1]`` and builds the names it touches from it with the generated builders, so
+every script touches keys of exactly one hash slot, and never uses ``KEYS``/``SCAN``.
 
 Names
 -----
 ``org``, ``project``, ``env`` and ``queue`` names are validated (letters, digits and
 ``_ . -``; queues may also contain ``/``; at most 128 characters). Run ids are
-validated the same way (``_ . -`` plus letters and digits). Concurrency keys are
-client-chosen (tenant ids, e-mails…), so they are *encoded* instead: every byte outside
-``[A-Za-z0-9_.-]`` becomes ``%XX``. An encoded key can therefore never contain ``:``,
-``{``, ``}`` or ``*`` and never collides with another key or with a suffix below.
+validated the same way. Concurrency keys and tenants are client-chosen (tenant ids,
+e-mails…), so they are *encoded* instead: every byte outside ``[A-Za-z0-9_.-]`` becomes
+``%XX``. An encoded value can therefore never contain ``:``, ``{``, ``}``, ``*`` or
+``/`` and never collides with another key or with a suffix below. Two reserved values
+use characters no encoding produces: ``*`` names a queue's keyless flow, and
+``/<queue>`` is the default tenant of a queue's keyless runs.
 
-Layout (``T`` = shard tag, ``O:P:E`` = org:project:env, ``Q`` = queue, ``K`` = encoded CK)
-------------------------------------------------------------------------------------------
-Per shard
-  ``T:master``            ZSET  member ``q:O:P:E:Q`` (keyless runs) or ``ck:O:P:E:Q``
-                                (runs with concurrency keys); score = oldest head (ms)
-  ``T:leases``            ZSET  member ``O:P:E:<run>``; score = lease deadline (ms)
-  ``T:ttl``               ZSET  member ``O:P:E:<run>``; score = TTL deadline (ms)
-  ``T:expired``           STREAM one entry per run that expired before delivery
-  ``T:envs``              SET   ``O:P:E`` of every environment seen on this shard
-  ``T:m:O:P:E:<run>``     HASH  one run: payload, queue prefix, CK, score, attempt, state…
-  ``T:r:O:P:E:<run>``     STRING a run's outcome (JSON: status, result, error, attempts),
-                                written by workers, EXPIRE = the app's result retention
-  ``T:expired:cursor``    STRING last ``T:expired`` entry id copied into run outcomes
-Per environment (``V`` = ``T:e:O:P:E``)
-  ``V:inflight``          SET   run ids holding an environment slot
-  ``V:limits``            HASH  ``concurrency``, ``burst_factor``, ``max_queue_size``
-  ``V:queues``            SET   queue names used in this environment
-  ``V:dlq``               ZSET  run id -> dead-lettered at (ms)
-Per base queue (``B`` = ``T:q:O:P:E:Q``)
-  ``B:queued``            ZSET  keyless runs: run id -> score (ms)
-  ``B:inflight``          SET   keyless runs holding a queue slot
-  ``B:limits``            HASH  ``concurrency`` (0 = paused), ``max_size``
-  ``B:ckindex``           ZSET  K -> head score (ms) of every non-empty variant
-  ``B:ckbusy``            SET   K of every variant with runs in flight
-  ``B:ckqueued``          STRING runs queued across all variants (lazy, TTL)
-  ``B:ckrunning``         STRING runs in flight across all variants (lazy, TTL)
-  ``B:ck:K:queued``       ZSET  the variant's runs: run id -> score (ms)
-  ``B:ck:K:inflight``     SET   the variant's runs holding a slot
-  ``B:vtime``             ZSET  K -> next virtual start tag (fair order only)
-  ``B:vfloor``            STRING the monotonic virtual-time floor (fair order only)
-  ``B:vidle``             ZSET  K -> parked tag of a drained variant (fair order only)
-  ``B:ckweights``         HASH  K -> weight (fair order only; sparse, default 1)
-  ``B:served:<bucket>``   HASH  K ('' = keyless) -> runs served in one 10 s window; written
-                                by consumers for the dashboard (fairq.metrics), EX 900 s
+Layout (``T`` = shard tag, ``E`` = ``org:project:env``, ``Q`` = queue, ``K`` = encoded
+concurrency key, ``N`` = encoded tenant)
+Per shard (``T:<name>``)
+  heads        ZSET  member ``q:E:Q`` (keyless runs) / ``ck:E:Q`` (keyed runs) -> the oldest
+                     head score (ms) of what it stands for: the queue-heads index
+  leases       ZSET  ``E:<run>`` -> lease deadline (ms, server clock)
+  ttl          ZSET  ``E:<run>`` -> TTL deadline (ms)
+  envs         SET   ``E`` of every environment seen on this shard
+  etag         ZSET  ``E`` -> the environment's virtual tag (fair order across environments)
+  efloor       STRING the shard's environment virtual time (monotonic)
+  eweights     HASH  ``E`` -> environment weight (sparse, default 1)
+Per run
+  ``T:m:E:<run>``   HASH  the run: queue, key, tenant, payload, score, attempt, lease token…
+  ``T:r:E:<run>``   STRING the run's outcome (JSON), EXPIRE = the outcome retention
+Per environment (``V`` = ``T:e:E``, keys ``V:<name>``)
+  inflight     SET   run ids holding an environment slot
+  config       HASH  the environment's limits and options, and its queues' (fields
+                     ``q:<Q>:<name>``): concurrency, burst_factor, max_queue_size, order…
+  queues       SET   queue names used in this environment
+  dlq          ZSET  run id -> dead-lettered at (ms)
+  gated        STRING set by a dequeue that left ready work behind a limit; the next
+                     script that frees a slot wakes consumers (and deletes it)
+  tt           ZSET  tenant -> its virtual tag (fair order; active and parked tenants)
+  tfloor       STRING the environment's tenant virtual time (monotonic)
+  tw           HASH  tenant -> weight (sparse, default 1)
+Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
+  queued       ZSET  keyless runs: run id -> score (ms)
+  inflight     SET   keyless runs holding a queue slot
+  ckindex      ZSET  K -> head score (ms) of every variant with queued runs
+  ckqueued     STRING runs queued across all variants (lazy, TTL)
+  ckrunning    STRING runs in flight across all variants (lazy, TTL)
+  trunning     HASH  tenant -> runs in flight (runs with a named tenant; lazy, TTL)
+  kcaps        HASH  K -> concurrency cap override (sparse)
+  tcaps        HASH  tenant -> concurrency cap override (sparse)
+  krates       HASH  K -> ``rate:burst`` rate-limit override (runs/s; sparse)
+  trates       HASH  tenant -> ``rate:burst`` (sparse)
+  buckets      HASH  ``q`` / ``k:K`` / ``t:N`` -> ``tokens:updated_ms`` token buckets
+  ckweights    HASH  K -> weight inside its tenant (fair order; sparse, default 1)
+  tq           ZSET  tenant -> copy of its virtual tag, for tenants with servable flows
+                     here (fair order)
+  tkfloor      HASH  tenant -> the virtual time of its keys in this queue (fair order)
+  ftenant      HASH  K (or ``*``) -> the named tenant its queued runs belong to
+  park         HASH  ``t:N`` / ``k:K`` -> tag of a tenant or key taken out of the fair
+                     order while gated (at a cap, rate-limited, or only future runs)
+  parkdue      ZSET  the same members -> when a time-gated one may return (ms)
+  recent       LIST  the last finished runs (JSON), newest first, bounded
+  ``h:<bucket>``  HASH  per-10-s history: runs served, waited, finished… (EXPIRE)
+Per variant (``B:ck:K:<name>``)
+  queued       ZSET  the variant's runs: run id -> score (ms)
+  inflight     SET   the variant's runs holding a slot
+Per tenant of a queue (``B:t:N:<name>``; only for tenants that own several keys here)
+  keys         ZSET  K -> the key's virtual tag inside the tenant
 Global (never touched by a script)
-  ``<prefix>:wake``       pub/sub channel: "work may be available" hints for consumers
+  ``<prefix>:wake``  pub/sub channel: "work may be available" hints for consumers
+  ``<prefix>:meta``  HASH  the shard count and prefix every process must agree on
+  ``<prefix>:maintenance-lock``  STRING lets one consumer per interval run maintenance
 """
 
 from __future__ import annotations
@@ -69,7 +96,7 @@ from fairq.errors import InvalidNameError
 
 #: Maximum length of an org, project, env, queue name or run id.
 MAX_NAME_LENGTH: Final = 128
-#: Maximum length of a concurrency key before encoding (UTF-8 bytes).
+#: Maximum length of a concurrency key or tenant before encoding (UTF-8 bytes).
 MAX_CONCURRENCY_KEY_BYTES: Final = 256
 
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
@@ -80,9 +107,66 @@ _CK_SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 #: Environments whose shard a KeySchema remembers.
 _SHARD_CACHE_SIZE: Final = 65_536
 
-#: Master-queue member kinds.
+#: Queue-heads index member kinds: a queue's keyless runs, and its keyed runs.
 KIND_QUEUE: Final = "q"
 KIND_CK: Final = "ck"
+#: The flow name of a queue's keyless runs (no encoded key can be ``*``).
+KEYLESS_FLOW: Final = "*"
+
+#: Per-shard keys: attribute -> suffix (``T:<suffix>``).
+SHARD_KEYS: Final = {
+    "heads": "heads",
+    "leases": "leases",
+    "ttl": "ttl",
+    "envs": "envs",
+    "env_tags": "etag",
+    "env_floor": "efloor",
+    "env_weights": "eweights",
+}
+#: Per-environment keys: attribute -> suffix (``T:e:E:<suffix>``).
+ENV_KEYS: Final = {
+    "inflight": "inflight",
+    "config": "config",
+    "queues": "queues",
+    "dlq": "dlq",
+    "gated": "gated",
+    "tenant_tags": "tt",
+    "tenant_floor": "tfloor",
+    "tenant_weights": "tw",
+}
+#: Per-base-queue keys: attribute -> suffix (``T:q:E:Q:<suffix>``).
+QUEUE_KEYS: Final = {
+    "queued": "queued",
+    "inflight": "inflight",
+    "ck_index": "ckindex",
+    "ck_queued_counter": "ckqueued",
+    "ck_running_counter": "ckrunning",
+    "tenant_running": "trunning",
+    "key_caps": "kcaps",
+    "tenant_caps": "tcaps",
+    "key_rates": "krates",
+    "tenant_rates": "trates",
+    "buckets": "buckets",
+    "key_weights": "ckweights",
+    "ready_tenants": "tq",
+    "key_floors": "tkfloor",
+    "flow_tenants": "ftenant",
+    "parked": "park",
+    "parked_due": "parkdue",
+    "recent": "recent",
+}
+#: Per-variant keys: attribute -> suffix (``B:ck:K:<suffix>``).
+VARIANT_KEYS: Final = {"queued": "queued", "inflight": "inflight"}
+#: Per-(queue, tenant) keys: attribute -> suffix (``B:t:N:<suffix>``).
+TENANT_KEYS: Final = {"keys": "keys"}
+#: Name parts between the tag and the identifiers.
+ENV_PART: Final = "e"
+QUEUE_PART: Final = "q"
+RUN_PART: Final = "m"
+OUTCOME_PART: Final = "r"
+VARIANT_PART: Final = "ck"
+TENANT_PART: Final = "t"
+HISTORY_PART: Final = "h"
 
 
 def validate_name(kind: str, value: str, *, allow_slash: bool = False) -> str:
@@ -113,26 +197,40 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
+def _encode(kind: str, value: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidNameError(kind, value, "must be a string")
+    try:
+        raw = value.encode("utf-8", errors="strict")
+    except UnicodeEncodeError:
+        raise InvalidNameError(kind, value, "is not valid Unicode (lone surrogate)") from None
+    if not raw:
+        raise InvalidNameError(kind, value, "must not be empty")
+    if len(raw) > MAX_CONCURRENCY_KEY_BYTES:
+        raise InvalidNameError(kind, value, f"longer than {MAX_CONCURRENCY_KEY_BYTES} bytes")
+    return "".join(chr(b) if b in _CK_SAFE else f"%{b:02X}" for b in raw)
+
+
 def encode_concurrency_key(key: str) -> str:
     """Encode a client-chosen concurrency key so it is safe inside a key name.
 
     Raises:
         InvalidNameError: when the key is not a non-empty string of at most 256 bytes.
     """
-    if not isinstance(key, str):
-        raise InvalidNameError("concurrency key", key, "must be a string")
-    raw = key.encode("utf-8", errors="strict")
-    if not raw:
-        raise InvalidNameError("concurrency key", key, "must not be empty")
-    if len(raw) > MAX_CONCURRENCY_KEY_BYTES:
-        raise InvalidNameError(
-            "concurrency key", key, f"longer than {MAX_CONCURRENCY_KEY_BYTES} bytes"
-        )
-    return "".join(chr(b) if b in _CK_SAFE else f"%{b:02X}" for b in raw)
+    return _encode("concurrency key", key)
+
+
+def encode_tenant(tenant: str) -> str:
+    """Encode a tenant name like a concurrency key (any bytes are safe).
+
+    Raises:
+        InvalidNameError: when the tenant is not a non-empty string of at most 256 bytes.
+    """
+    return _encode("tenant", tenant)
 
 
 def decode_concurrency_key(encoded: str) -> str:
-    """Invert :func:`encode_concurrency_key`."""
+    """Invert :func:`encode_concurrency_key` (and :func:`encode_tenant`)."""
     out = bytearray()
     i = 0
     data = encoded.encode("ascii")
@@ -144,6 +242,13 @@ def decode_concurrency_key(encoded: str) -> str:
             out.append(data[i])
             i += 1
     return out.decode("utf-8")
+
+
+def decode_tenant(encoded: str) -> str | None:
+    """A stored tenant back to the user's name; None for a queue's default keyless tenant."""
+    if encoded.startswith("/"):
+        return None
+    return decode_concurrency_key(encoded)
 
 
 def jump_hash(key: str, buckets: int) -> int:
@@ -180,6 +285,8 @@ class Environment:
     @classmethod
     def parse(cls, text: str) -> Environment:
         """Parse ``org:project:env`` (or ``org/project/env``)."""
+        if not isinstance(text, str):
+            raise InvalidNameError("environment", text, "expected 'org:project:env'")
         parts = text.replace("/", ":").split(":")
         if len(parts) != 3:
             raise InvalidNameError("environment", text, "expected 'org:project:env'")
@@ -196,21 +303,34 @@ class QueueKeys:
     base: str
     queued: str
     inflight: str
-    limits: str
     ck_index: str
-    ck_busy: str
     ck_queued_counter: str
     ck_running_counter: str
-    vtime: str
-    vtime_floor: str
-    vtime_idle: str
-    ck_weights: str
+    tenant_running: str
+    key_caps: str
+    tenant_caps: str
+    key_rates: str
+    tenant_rates: str
+    buckets: str
+    key_weights: str
+    ready_tenants: str
+    key_floors: str
+    flow_tenants: str
+    parked: str
+    parked_due: str
+    recent: str
 
     def variant_queued(self, encoded_ck: str) -> str:
-        return f"{self.base}:ck:{encoded_ck}:queued"
+        return f"{self.base}:{VARIANT_PART}:{encoded_ck}:{VARIANT_KEYS['queued']}"
 
     def variant_inflight(self, encoded_ck: str) -> str:
-        return f"{self.base}:ck:{encoded_ck}:inflight"
+        return f"{self.base}:{VARIANT_PART}:{encoded_ck}:{VARIANT_KEYS['inflight']}"
+
+    def tenant_keys(self, encoded_tenant: str) -> str:
+        return f"{self.base}:{TENANT_PART}:{encoded_tenant}:{TENANT_KEYS['keys']}"
+
+    def history(self, bucket: int) -> str:
+        return f"{self.base}:{HISTORY_PART}:{bucket}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,13 +339,21 @@ class EnvKeys:
 
     prefix: str
     inflight: str
-    limits: str
+    config: str
     queues: str
     dlq: str
+    gated: str
+    tenant_tags: str
+    tenant_floor: str
+    tenant_weights: str
     message_prefix: str
+    outcome_prefix: str
 
     def message(self, run_id: str) -> str:
         return self.message_prefix + run_id
+
+    def outcome(self, run_id: str) -> str:
+        return self.outcome_prefix + run_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,11 +362,13 @@ class ShardKeys:
 
     shard: int
     tag: str
-    master: str
+    heads: str
     leases: str
     ttl: str
-    expired: str
     envs: str
+    env_tags: str
+    env_floor: str
+    env_weights: str
     message_root: str
 
 
@@ -247,12 +377,20 @@ class KeySchema:
 
     def __init__(self, prefix: str = "fairq", shard_count: int = 4) -> None:
         self.prefix = validate_prefix(prefix)
-        if not isinstance(shard_count, int) or not 1 <= shard_count <= 16384:
+        if (
+            isinstance(shard_count, bool)
+            or not isinstance(shard_count, int)
+            or not 1 <= shard_count <= 16384
+        ):
             raise InvalidNameError("shard count", shard_count, "must be an integer in 1..16384")
         self.shard_count = shard_count
         self._shard_cache: dict[str, int] = {}
         #: Pub/sub channel for wake-up hints (no hash tag: never used in a script's KEYS).
         self.wake_channel = f"{prefix}:wake"
+        #: The configuration every process sharing the prefix must agree on.
+        self.meta = f"{prefix}:meta"
+        #: Lets one consumer per interval run maintenance.
+        self.maintenance_lock = f"{prefix}:maintenance-lock"
 
     def shard_of(self, env: Environment) -> int:
         """The environment's shard (memoised: a SHA-256 per message adds up)."""
@@ -263,67 +401,53 @@ class KeySchema:
             shard = self._shard_cache[env.id] = jump_hash(env.id, self.shard_count)
         return shard
 
+    def tag(self, shard: int) -> str:
+        """The hash tag of a shard: ``{prefix.N}``."""
+        return "{" + f"{self.prefix}.{shard}" + "}"
+
     def shard(self, shard: int) -> ShardKeys:
-        tag = "{" + f"{self.prefix}.{shard}" + "}"
-        return ShardKeys(
-            shard=shard,
-            tag=tag,
-            master=f"{tag}:master",
-            leases=f"{tag}:leases",
-            ttl=f"{tag}:ttl",
-            expired=f"{tag}:expired",
-            envs=f"{tag}:envs",
-            message_root=f"{tag}:m:",
-        )
+        tag = self.tag(shard)
+        named = {attr: f"{tag}:{suffix}" for attr, suffix in SHARD_KEYS.items()}
+        return ShardKeys(shard=shard, tag=tag, message_root=f"{tag}:{RUN_PART}:", **named)
 
     def shards(self) -> list[ShardKeys]:
         return [self.shard(i) for i in range(self.shard_count)]
 
+    def tag_of(self, env: Environment) -> str:
+        """The hash tag of an environment's shard."""
+        return self.tag(self.shard_of(env))
+
     def env(self, env: Environment) -> EnvKeys:
-        s = self.shard(self.shard_of(env))
-        prefix = f"{s.tag}:e:{env.id}"
+        tag = self.tag_of(env)
+        prefix = f"{tag}:{ENV_PART}:{env.id}"
+        named = {attr: f"{prefix}:{suffix}" for attr, suffix in ENV_KEYS.items()}
         return EnvKeys(
             prefix=prefix,
-            inflight=f"{prefix}:inflight",
-            limits=f"{prefix}:limits",
-            queues=f"{prefix}:queues",
-            dlq=f"{prefix}:dlq",
-            message_prefix=f"{s.message_root}{env.id}:",
+            message_prefix=f"{tag}:{RUN_PART}:{env.id}:",
+            outcome_prefix=f"{tag}:{OUTCOME_PART}:{env.id}:",
+            **named,
         )
 
     def queue(self, env: Environment, queue: str) -> QueueKeys:
         validate_name("queue", queue, allow_slash=True)
-        s = self.shard(self.shard_of(env))
-        base = f"{s.tag}:q:{env.id}:{queue}"
-        return QueueKeys(
-            base=base,
-            queued=f"{base}:queued",
-            inflight=f"{base}:inflight",
-            limits=f"{base}:limits",
-            ck_index=f"{base}:ckindex",
-            ck_busy=f"{base}:ckbusy",
-            ck_queued_counter=f"{base}:ckqueued",
-            ck_running_counter=f"{base}:ckrunning",
-            vtime=f"{base}:vtime",
-            vtime_floor=f"{base}:vfloor",
-            vtime_idle=f"{base}:vidle",
-            ck_weights=f"{base}:ckweights",
-        )
+        base = f"{self.tag_of(env)}:{QUEUE_PART}:{env.id}:{queue}"
+        named = {attr: f"{base}:{suffix}" for attr, suffix in QUEUE_KEYS.items()}
+        return QueueKeys(base=base, **named)
 
 
-def master_member(kind: str, env: Environment, queue: str) -> str:
-    """The master-queue member standing for a queue's keyless (``q``) or keyed (``ck``) runs."""
+def heads_member(kind: str, env: Environment, queue: str) -> str:
+    """The queue-heads member standing for a queue's keyless (``q``) or keyed (``ck``) runs."""
     return f"{kind}:{env.id}:{queue}"
 
 
-def parse_master_member(member: str) -> tuple[str, Environment, str]:
-    """Invert :func:`master_member`: ``(kind, env, queue)``."""
+def parse_heads_member(member: str) -> tuple[str, Environment, str]:
+    """Invert :func:`heads_member`: ``(kind, env, queue)``."""
     kind, org, project, name, queue = member.split(":", 4)
     return kind, Environment(org, project, name), queue
 
 
 def lease_member(env: Environment, run_id: str) -> str:
-    """The member naming a run in the shard's lease and TTL indexes (``O:P:E:<run>``)."""
+    """The member naming a run in the shard's lease and TTL indexes (``E:<run>``)."""
     return f"{env.id}:{run_id}"
 
 
@@ -332,11 +456,51 @@ def parse_lease_member(member: str) -> tuple[Environment, str]:
     return Environment(org, project, name), run_id
 
 
-def run_outcome_key(schema: KeySchema, env: Environment, run_id: str) -> str:
-    """``T:r:O:P:E:<run>``: a run's outcome (status, result or error), kept for the retention."""
-    return f"{schema.shard(schema.shard_of(env)).tag}:r:{env.id}:{run_id}"
+def config_field(queue: str | None, name: str) -> str:
+    """A field of an environment's config hash: the env's own, or ``q:<queue>:<name>``."""
+    return name if queue is None else f"{QUEUE_PART}:{queue}:{name}"
 
 
-def expired_cursor_key(shard: ShardKeys) -> str:
-    """``T:expired:cursor``: id of the last ``T:expired`` entry recorded as a run outcome."""
-    return f"{shard.tag}:expired:cursor"
+def _lua_table(name: str, table: dict[str, str]) -> str:
+    body = ", ".join(f"{attr} = '{suffix}'" for attr, suffix in table.items())
+    return f"local {name} = {{ {body} }}"
+
+
+def lua_schema() -> str:
+    """The Lua key builders, generated from the tables above (see fairq.store.scripts)."""
+    return "\n".join(
+        [
+            "-- generated from fairq/keys.py: the key schema",
+            _lua_table("SHARD_KEYS", SHARD_KEYS),
+            _lua_table("ENV_KEYS", ENV_KEYS),
+            _lua_table("QUEUE_KEYS", QUEUE_KEYS),
+            _lua_table("VARIANT_KEYS", VARIANT_KEYS),
+            _lua_table("TENANT_KEYS", TENANT_KEYS),
+            f"local KEYLESS_FLOW = '{KEYLESS_FLOW}'",
+            f"local KIND_QUEUE, KIND_CK = '{KIND_QUEUE}', '{KIND_CK}'",
+            "local function shard_key(tag, name) return tag .. ':' .. SHARD_KEYS[name] end",
+            f"local function env_prefix(tag, env_id) return tag .. ':{ENV_PART}:' .. env_id end",
+            "local function env_key(V, name) return V .. ':' .. ENV_KEYS[name] end",
+            "local function queue_prefix(tag, env_id, queue)",
+            f"  return tag .. ':{QUEUE_PART}:' .. env_id .. ':' .. queue",
+            "end",
+            "local function queue_key(B, name) return B .. ':' .. QUEUE_KEYS[name] end",
+            "local function variant_key(B, ck, name)",
+            f"  return B .. ':{VARIANT_PART}:' .. ck .. ':' .. VARIANT_KEYS[name]",
+            "end",
+            "local function tenant_key(B, tenant, name)",
+            f"  return B .. ':{TENANT_PART}:' .. tenant .. ':' .. TENANT_KEYS[name]",
+            "end",
+            f"local function history_key(B, bucket) return B .. ':{HISTORY_PART}:' .. bucket end",
+            "local function run_key(tag, member)",
+            f"  return tag .. ':{RUN_PART}:' .. member",
+            "end",
+            "local function outcome_key(tag, member)",
+            f"  return tag .. ':{OUTCOME_PART}:' .. member",
+            "end",
+            "local function heads_member(kind, env_id, queue)",
+            "  return kind .. ':' .. env_id .. ':' .. queue",
+            "end",
+            f"local function config_field(queue, name) return '{QUEUE_PART}:' .. queue .. ':' .. name end",
+        ]
+    )

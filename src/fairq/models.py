@@ -1,4 +1,4 @@
-"""Typed values the store returns."""
+"""Typed values the store takes and returns."""
 
 from __future__ import annotations
 
@@ -21,10 +21,46 @@ class EnqueueStatus(enum.Enum):
 
 
 class AckStatus(enum.Enum):
+    """What an ack (or a finish) did to one run."""
+
     ACKED = "acked"
-    #: The run no longer exists (already acked, or expired).
+    #: The run no longer exists (already finished, expired or cancelled).
     UNKNOWN = "unknown"
-    #: The lease lapsed and the run was requeued (or delivered again).
+    #: The lease lapsed and the run was requeued (or delivered again): nothing changed.
+    LEASE_LOST = "lease_lost"
+
+
+class NackOutcome(enum.Enum):
+    REQUEUED = "requeued"
+    DEAD_LETTERED = "dead_lettered"
+    #: The run no longer exists.
+    UNKNOWN = "unknown"
+    #: The lease lapsed: nothing changed.
+    LEASE_LOST = "lease_lost"
+
+
+class HeartbeatStatus(enum.Enum):
+    """What a heartbeat did to one run's lease."""
+
+    EXTENDED = "extended"
+    #: Extended, and someone asked to cancel the run: its worker should stop it.
+    CANCEL_REQUESTED = "cancel_requested"
+    UNKNOWN = "unknown"
+    LEASE_LOST = "lease_lost"
+
+    @property
+    def alive(self) -> bool:
+        """Whether the caller still holds the lease."""
+        return self in (HeartbeatStatus.EXTENDED, HeartbeatStatus.CANCEL_REQUESTED)
+
+
+class ReleaseStatus(enum.Enum):
+    """What a release did to one run's slots."""
+
+    RELEASED = "released"
+    #: It held no slot (released before): nothing changed.
+    NOT_HELD = "not_held"
+    UNKNOWN = "unknown"
     LEASE_LOST = "lease_lost"
 
 
@@ -35,16 +71,17 @@ class CancelOutcome(enum.Enum):
     CANCELLED = "cancelled"
     #: The run was dead-lettered; it is gone from the dead-letter queue.
     REMOVED_FROM_DLQ = "removed_from_dlq"
-    #: The run is running; nothing changed (its worker acks or nacks it).
-    RUNNING = "running"
-    #: No such run (never enqueued, finished, or expired).
+    #: The run is running: its worker is asked to stop it (it ends ``cancelled``).
+    CANCEL_REQUESTED = "cancel_requested"
+    #: The run already ended (its outcome is kept).
+    ALREADY_FINISHED = "already_finished"
+    #: No such run (never enqueued, or its outcome's retention passed).
     UNKNOWN = "unknown"
 
-
-class NackOutcome(enum.Enum):
-    REQUEUED = "requeued"
-    DEAD_LETTERED = "dead_lettered"
-    LEASE_LOST = "lease_lost"
+    @property
+    def cancelled(self) -> bool:
+        """Whether the run will not run (again)."""
+        return self in (CancelOutcome.CANCELLED, CancelOutcome.REMOVED_FROM_DLQ)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +97,29 @@ class EnqueueRequest:
     available_at_ms: int | None = None
     priority_ms: int = 0
     ttl_ms: int | None = None
+    tenant: str | None = None
+    #: Keep the outcome of a completed run even when it has no result.
+    keep_outcome: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     run_id: str
     status: EnqueueStatus
-    #: The size limit in force when rejected (0 = none).
+    #: The size limit in force (0 = none).
     queue_size_limit: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """A leased run handed to a consumer. Ack, nack, heartbeat or release it."""
+    """A leased run handed to a consumer. Finish it (ack / nack), heartbeat or release it.
+
+    Attributes:
+        lease_token: which delivery of the run this is (1, 2, …); every lease operation
+            must present it, so a consumer whose lease lapsed cannot act on a later one.
+        tenant: the tenant named at enqueue whose slots the run holds (None = the run's
+            default tenant: its concurrency key, or its queue for keyless runs).
+    """
 
     env: Environment
     queue: str
@@ -80,9 +127,10 @@ class Delivery:
     payload_json: str
     concurrency_key: str | None
     attempt: int
-    delivery: int
+    lease_token: int
     score_ms: int
     enqueued_at_ms: int
+    tenant: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -91,6 +139,37 @@ class Delivery:
     @property
     def lease_member(self) -> str:
         return f"{self.env.id}:{self.run_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class DequeueBatch:
+    """One dequeue call's leased runs and what to do when it brought none.
+
+    Attributes:
+        deliveries: the leased runs.
+        wait_ms: how long until something held back becomes ready (a delayed run, a
+            backoff, a rate limit's next token); None when nothing is known.
+        gated: ready work was left behind a limit (a freed slot wakes consumers).
+    """
+
+    deliveries: list[Delivery]
+    wait_ms: int | None = None
+    gated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """How a run ended, for :meth:`fairq.store.RunQueue.finish`.
+
+    Attributes:
+        delivery: the run.
+        status: ``completed``, ``failed``, ``cancelled`` or ``timed_out``.
+        outcome_json: the outcome to keep (None = keep nothing; see fairq.outcomes).
+    """
+
+    delivery: Delivery
+    status: str = "completed"
+    outcome_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +182,13 @@ class VariantStats:
     oldest_score_ms: int | None
     virtual_tag: float | None = None
     weight: float = 1.0
+    tenant: str | None = None
+    cap: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Counts a dashboard shows for one queue (CK-aware)."""
+    """Counts and settings a dashboard shows for one queue (CK-aware)."""
 
     env: Environment
     queue: str
@@ -117,10 +198,20 @@ class QueueStats:
     queue_size_limit: int | None
     oldest_score_ms: int | None
     variants: list[VariantStats] = field(default_factory=list)
+    is_paused: bool = False
+    total_concurrency_limit: int | None = None
+    order: str = "age"
+    max_per_key_per_call: int | None = None
+    charge: str = "count"
+    rate: float | None = None
+    rate_burst: int | None = None
+    borrow: bool = False
+    #: Queued runs not yet due (delayed, backoff).
+    delayed: int = 0
 
     @property
     def paused(self) -> bool:
-        return self.concurrency_limit == 0
+        return self.is_paused or self.concurrency_limit == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +222,8 @@ class EnvStats:
     burst_factor: float
     queue_size_limit: int | None
     dead_lettered: int
-
-
-@dataclass(frozen=True, slots=True)
-class ExpiredRun:
-    env: Environment
-    queue: str
-    run_id: str
-    concurrency_key: str | None
-    expired_at_ms: int
+    order: str = "age"
+    weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +235,14 @@ class DeadLetter:
     attempt: int
     dead_lettered_at_ms: int
     payload_json: str
+    error: str | None = None
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantTag:
+    """A tenant's place in an environment's fair order."""
+
+    tenant: str | None
+    virtual_tag: float
+    weight: float = 1.0

@@ -1,7 +1,0 @@
---[[ redrive_vtime.lua: redrive.lua for the fair order (same KEYS, ARGV, reply). ]]
---@include context
---@include keys
---@include counters
---@include hooks_vtime
---@include runs
---@include redrive_main

@@ -1,0 +1,207 @@
+"""The store's core: the client, the key schema, script calls and error translation.
+
+Every part of :class:`fairq.store.RunQueue` calls scripts through :meth:`StoreCore.call`
+and reads through :meth:`StoreCore.read`, which translate driver errors once, here:
+a broken connection becomes :class:`ConnectionLostError` naming the server.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from fairq.config import RunQueueConfig
+from fairq.errors import (
+    ConfigurationMismatchError,
+    ConnectionLostError,
+    FairqError,
+    ScriptProtocolError,
+)
+from fairq.keys import Environment, KeySchema
+from fairq.server import AnyRedis
+from fairq.store.context import ScriptContext
+from fairq.store.scripts import Order, ScriptRegistry, registry
+from fairq.store.status import Status, decode
+
+T = TypeVar("T")
+
+#: How long a process remembers that an environment has fair-order queues (s); after
+#: that it tries the age-order scripts again (which refuse, if the fair order is still
+#: in use, before writing anything).
+FAIR_MEMORY_S: Final = 60.0
+
+
+def wall_clock_ms() -> int:
+    """This process's wall clock, in ms (only for display: scripts use the server's)."""
+    return int(time.time() * 1000)
+
+
+def text_of(value: Any) -> str:
+    """A reply value (bytes or str) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def describe_client(client: AnyRedis) -> str:
+    """Where a client connects, for error messages (no credentials)."""
+    try:
+        if isinstance(client, RedisCluster):
+            node = client.get_default_node()
+            return f"redis+cluster://{node.host}:{node.port}"
+        kwargs = client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}"
+        return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    except Exception:  # never let a message about one error raise another
+        return "the Redis/Valkey server"
+
+
+class StoreCore:
+    """What every part of the store shares."""
+
+    def __init__(
+        self,
+        client: AnyRedis,
+        config: RunQueueConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.client = client
+        self.config = config or RunQueueConfig()
+        self.keys = KeySchema(self.config.prefix, self.config.shard_count)
+        self.rng = rng or random.Random()
+        self.server = describe_client(client)
+        self._scripts: ScriptRegistry = registry()
+        self._context = ScriptContext.from_config(self.config, self.keys.wake_channel)
+        self._fair_envs: dict[str, float] = {}
+        self._meta_checked = False
+
+    # ------------------------------------------------------------------ order twins
+
+    @property
+    def fair(self) -> bool:
+        """Whether the fair order is this process's default for queues with no setting."""
+        return self.config.vtime.enabled
+
+    def order_for(self, env: Environment) -> Order:
+        """Which build of the order-dependent scripts to run for an environment: the fair
+        one when it is this process's default or the environment uses it (learned from a
+        script that refused to act in the age order)."""
+        if self.fair:
+            return "fair"
+        seen = self._fair_envs.get(env.id)
+        if seen is not None and time.monotonic() - seen < FAIR_MEMORY_S:
+            return "fair"
+        return "age"
+
+    def order_for_shard(self, shard: int) -> Order:
+        """The build for a shard-wide script: fair if any environment of it is known fair."""
+        if self.fair:
+            return "fair"
+        now = time.monotonic()
+        for env_id, seen in self._fair_envs.items():
+            if now - seen < FAIR_MEMORY_S and self.keys.shard_of(Environment.parse(env_id)) == shard:
+                return "fair"
+        return "age"
+
+    def learn_fair(self, env: Environment) -> None:
+        self._fair_envs[env.id] = time.monotonic()
+
+    # ------------------------------------------------------------------ calls
+
+    async def check_meta(self) -> None:
+        """Record this process's shard count on the server at first use, or check it.
+
+        Raises:
+            ConfigurationMismatchError: another process recorded a different shard count
+                for this prefix (its keys would land on other shards).
+        """
+        if self._meta_checked:
+            return
+        meta = self.keys.meta
+        count = str(self.config.shard_count)
+
+        async def agree() -> Any:
+            await self.client.hsetnx(meta, "shard_count", count)  # type: ignore[misc]
+            return await self.client.hget(meta, "shard_count")  # type: ignore[misc]
+
+        recorded = await self.read(agree())
+        if recorded is not None and text_of(recorded) != count:
+            raise ConfigurationMismatchError(
+                f"prefix {self.config.prefix!r} uses {text_of(recorded)} shards on this server, "
+                f"this process {count}: set FAIRQ_SHARD_COUNT={text_of(recorded)} (changing the "
+                "shard count of a prefix needs a migration: see docs/cluster.md)"
+            )
+        self._meta_checked = True
+
+    async def call(
+        self,
+        operation: str,
+        order: Order,
+        tag: str,
+        args: list[Any],
+        now_ms: int | None,
+    ) -> Any:
+        """Run one script (the build for ``order``) with its context and ``args``."""
+        if not self._meta_checked:
+            await self.check_meta()
+        script = self._scripts.get(operation, order)
+        argv = [*self._context.argv(script.context, now_ms), *args]
+        return await self.read(script(self.client, [tag], argv))
+
+    async def call_for_env(
+        self,
+        operation: str,
+        env: Environment,
+        args: list[Any],
+        now_ms: int | None,
+    ) -> Any:
+        """Run an order-dependent script for an environment; when its age-order build
+        refuses (the environment uses the fair order), run the fair build instead."""
+        tag = self.keys.tag_of(env)
+        order = self.order_for(env)
+        reply = await self.call(operation, order, tag, args, now_ms)
+        if order == "age" and _status_of(reply) == Status.NEEDS_FAIR:
+            self.learn_fair(env)
+            reply = await self.call(operation, "fair", tag, args, now_ms)
+        return reply
+
+    async def read(self, awaitable: Awaitable[T]) -> T:
+        """Await a client call, translating a broken connection into ConnectionLostError."""
+        try:
+            return await awaitable
+        except FairqError:
+            raise
+        except (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError) as exc:
+            raise ConnectionLostError(self.server, f"{type(exc).__name__}: {exc}") from exc
+        except ResponseError as exc:
+            raise FairqError(f"the server at {self.server} refused a command: {exc}") from exc
+        except RedisError as exc:
+            raise FairqError(f"the server at {self.server} failed: {exc}") from exc
+
+    def decode(self, operation: str, code: object) -> Status:
+        return decode(operation, code)
+
+    async def pipeline(self, build: Callable[[Any], None]) -> list[Any]:
+        """Run the commands ``build`` adds to a non-transactional pipeline (one round trip)."""
+        pipe = self.client.pipeline(transaction=False)
+        build(pipe)
+        return list(await self.read(pipe.execute()))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _status_of(reply: Any) -> Status | None:
+    if isinstance(reply, list) and reply:
+        try:
+            return Status(int(reply[0]))
+        except (TypeError, ValueError):
+            raise ScriptProtocolError("script", reply) from None
+    return None

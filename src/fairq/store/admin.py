@@ -1,0 +1,246 @@
+"""Limits, scheduling options, caps, rate limits and weights, stored on the server.
+
+Every setter validates everything first and then applies all of its changes in one
+atomic script call (``configure.lua``), so a partly wrong command changes nothing, and
+clearing one setting never resets another. Values are read by every process's scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from fairq import keys as K
+from fairq.errors import InvalidLimitError
+from fairq.keys import Environment
+from fairq.store import validate
+from fairq.store._core import StoreCore
+from fairq.store.options import (
+    BURST_OVERRIDE,
+    ENV_OPTIONS,
+    QUEUE_OPTIONS,
+    parse_rate,
+)
+
+Target = Literal[
+    "config", "key_caps", "tenant_caps", "key_rates", "tenant_rates", "key_weights",
+    "tenant_weights", "env_weights",
+]  # fmt: skip
+
+#: Most changes one configure call applies.
+MAX_CHANGES: Final = 10_000
+#: Sentinel: leave the option as it is.
+_KEEP: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One stored setting to write (``value`` = None removes it)."""
+
+    target: Target
+    queue: str | None
+    field: str
+    value: str | None
+
+
+def env_option(name: str, value: object) -> Change:
+    """A validated change of an environment option (None removes it).
+
+    Raises:
+        InvalidLimitError: unknown option or bad value.
+    """
+    option = ENV_OPTIONS.get(name)
+    if option is None:
+        raise InvalidLimitError("environment option", name, f"must be one of {sorted(ENV_OPTIONS)}")
+    return Change("config", None, name, None if value is None else option.encode(name, value))
+
+
+def queue_option(queue: str, name: str, value: object) -> Change:
+    """A validated change of a queue option (None removes it).
+
+    Raises:
+        InvalidLimitError: unknown option or bad value.
+        InvalidNameError: bad queue name.
+    """
+    K.validate_name("queue", queue, allow_slash=True)
+    option = QUEUE_OPTIONS.get(name)
+    if option is None:
+        raise InvalidLimitError("queue option", name, f"must be one of {sorted(QUEUE_OPTIONS)}")
+    return Change("config", queue, name, None if value is None else option.encode(name, value))
+
+
+def rate_value(rate: str | float | int, burst: int) -> str:
+    per_second = parse_rate(rate)
+    return f"{per_second!r}:{BURST_OVERRIDE.encode('rate burst', burst)}"
+
+
+class AdminOps(StoreCore):
+    async def configure(self, env: Environment, changes: Sequence[Change]) -> None:
+        """Apply changes to one environment's settings atomically (all or nothing)."""
+        if not isinstance(env, Environment):
+            raise K.InvalidNameError("environment", env, "must be an Environment")
+        if len(changes) > MAX_CHANGES:
+            raise InvalidLimitError("changes", len(changes), f"at most {MAX_CHANGES} per call")
+        args: list[str] = [env.id]
+        for c in changes:
+            args += [c.target, c.queue or "", c.field, "" if c.value is None else c.value]
+        if not changes:
+            return
+        reply = await self.call("configure", "age", self.keys.tag_of(env), args, None)
+        self.decode("configure", reply)
+
+    # ------------------------------------------------------------------ environments
+
+    async def set_env_limits(
+        self,
+        env: Environment,
+        *,
+        concurrency: int | None = None,
+        burst_factor: float | None = None,
+        queue_size_limit: int | None = None,
+    ) -> None:
+        """Set an environment's concurrency limit, burst factor and default queue size
+        limit (an argument left at None is left as it is)."""
+        changes = []
+        if concurrency is not None:
+            changes.append(env_option("concurrency", validate.limit("env concurrency limit", concurrency)))
+        if burst_factor is not None:
+            changes.append(env_option("burst_factor", validate.number("burst factor", burst_factor, 1, 100)))
+        if queue_size_limit is not None:
+            changes.append(env_option("max_queue_size", validate.limit("queue size limit", queue_size_limit)))
+        await self.configure(env, changes)
+
+    async def clear_env_limits(self, env: Environment, *names: str) -> None:
+        """Back to the defaults for the named env limits (concurrency, burst_factor,
+        max_queue_size); all three when none is named."""
+        chosen = names or ("concurrency", "burst_factor", "max_queue_size")
+        await self.configure(env, [env_option(n, None) for n in chosen])
+
+    async def remove_env_limits(self, env: Environment) -> None:
+        """Back to the configured defaults (concurrency, burst factor, size limit)."""
+        await self.clear_env_limits(env)
+
+    async def set_env_options(self, env: Environment, **options: object) -> None:
+        """Set (or with None remove) an environment's scheduling defaults for its queues:
+        ``order`` ("age"/"fair"), ``max_per_key``, ``quantum``, ``window``, ``join``,
+        ``arrival_cap``, ``charge``."""
+        await self.configure(env, [env_option(n, v) for n, v in options.items()])
+
+    async def set_env_weight(self, env: Environment, weight: float | None) -> None:
+        """Weight an environment in the fair order across its shard's environments."""
+        value = None if weight is None else repr(validate.weight(weight))
+        await self.configure(env, [Change("env_weights", None, env.id, value)])
+
+    # ------------------------------------------------------------------ queues
+
+    async def set_queue_options(self, env: Environment, queue: str, **options: object) -> None:
+        """Set (or with None remove) a queue's limits and options in one atomic step:
+        ``concurrency``, ``max_size``, ``paused``, ``total``, ``rate``/``rate_burst``,
+        ``key_rate``/``key_rate_burst``, ``tenant_rate``/``tenant_rate_burst``, ``borrow``,
+        ``order``, ``max_per_key``, ``quantum``, ``window``, ``join``, ``arrival_cap``,
+        ``charge``."""
+        await self.configure(env, [queue_option(queue, n, v) for n, v in options.items()])
+
+    async def set_queue_concurrency(self, env: Environment, queue: str, limit: int | None) -> None:
+        """Set a queue's concurrency limit (per concurrency key; keyless runs share it);
+        None removes it. 0 lets nothing start (prefer :meth:`pause_queue`)."""
+        value = None if limit is None else validate.limit("queue concurrency limit", limit)
+        await self.set_queue_options(env, queue, concurrency=value)
+
+    async def pause_queue(self, env: Environment, queue: str) -> None:
+        """No new run of the queue starts until it is resumed; its limits are kept."""
+        await self.set_queue_options(env, queue, paused=True)
+
+    async def resume_queue(self, env: Environment, queue: str) -> None:
+        """Undo :meth:`pause_queue` (the queue keeps its concurrency limit)."""
+        await self.set_queue_options(env, queue, paused=None)
+
+    async def set_queue_size_limit(self, env: Environment, queue: str, limit: int | None) -> None:
+        """Cap a queue's queued runs (keyless + all variants); None removes (0 = no cap)."""
+        value = None if limit is None else validate.limit("queue size limit", limit)
+        await self.set_queue_options(env, queue, max_size=value)
+
+    async def set_queue_total_concurrency(
+        self, env: Environment, queue: str, limit: int | None
+    ) -> None:
+        """Bound the runs in flight of a queue across all its keys and keyless runs
+        together (None removes)."""
+        value = None if limit is None else validate.limit("total concurrency limit", limit)
+        await self.set_queue_options(env, queue, total=value)
+
+    async def set_rate_limit(
+        self,
+        env: Environment,
+        queue: str,
+        rate: str | float | None,
+        *,
+        burst: int = 1,
+        key: str | None = None,
+        tenant: str | None = None,
+        per: Literal["key", "tenant"] | None = None,
+    ) -> None:
+        """Limit how fast runs start (a token bucket on the server's clock).
+
+        Args:
+            rate: ``"100/s"``, ``"30/m"``, ``"5/h"`` or runs per second; None removes.
+            burst: how many may start at once after a quiet period (1..1e6).
+            key: the limit of one concurrency key (an override); or
+            tenant: the limit of one tenant (an override); or
+            per: ``"key"`` / ``"tenant"``: the default limit of every key / tenant of the
+                queue; with none of these, the limit of the queue as a whole.
+        """
+        if sum(x is not None for x in (key, tenant, per)) > 1:
+            raise InvalidLimitError("rate limit scope", (key, tenant, per), "give one of key, tenant, per")
+        value = None if rate is None else rate_value(rate, burst)
+        if key is not None:
+            change = Change("key_rates", queue, K.encode_concurrency_key(key), value)
+            K.validate_name("queue", queue, allow_slash=True)
+            await self.configure(env, [change])
+            return
+        if tenant is not None:
+            K.validate_name("queue", queue, allow_slash=True)
+            await self.configure(env, [Change("tenant_rates", queue, K.encode_tenant(tenant), value)])
+            return
+        prefix = {"key": "key_", "tenant": "tenant_", None: ""}[per]
+        if rate is None:
+            await self.set_queue_options(env, queue, **{f"{prefix}rate": None, f"{prefix}rate_burst": None})
+        else:
+            per_second = parse_rate(rate)
+            await self.set_queue_options(
+                env, queue, **{f"{prefix}rate": per_second, f"{prefix}rate_burst": burst}
+            )
+
+    async def set_key_concurrency(
+        self, env: Environment, queue: str, concurrency_key: str, cap: int | None
+    ) -> None:
+        """A concurrency cap for one key of a queue (an override of the per-key limit;
+        None restores the queue's limit)."""
+        K.validate_name("queue", queue, allow_slash=True)
+        ck = K.encode_concurrency_key(concurrency_key)
+        value = None if cap is None else str(validate.limit("key concurrency cap", cap))
+        await self.configure(env, [Change("key_caps", queue, ck, value)])
+
+    async def set_tenant_concurrency(
+        self, env: Environment, queue: str, tenant: str, cap: int | None
+    ) -> None:
+        """A concurrency cap for one tenant in a queue, across its keys (an override; a
+        tenant without one is capped at the queue's per-key limit)."""
+        K.validate_name("queue", queue, allow_slash=True)
+        value = None if cap is None else str(validate.limit("tenant concurrency cap", cap))
+        await self.configure(env, [Change("tenant_caps", queue, K.encode_tenant(tenant), value)])
+
+    async def set_concurrency_key_weight(
+        self, env: Environment, queue: str, concurrency_key: str, weight: float | None
+    ) -> None:
+        """Weight a key in the fair order: inside its tenant, or, for a key that is its
+        own tenant, as that tenant (advance = quantum / weight); None resets to 1."""
+        K.validate_name("queue", queue, allow_slash=True)
+        ck = K.encode_concurrency_key(concurrency_key)
+        value = None if weight is None else repr(validate.weight(weight))
+        await self.configure(env, [Change("key_weights", queue, ck, value)])
+
+    async def set_tenant_weight(self, env: Environment, tenant: str, weight: float | None) -> None:
+        """Weight a tenant in its environment's fair order (across all its queues)."""
+        value = None if weight is None else repr(validate.weight(weight))
+        await self.configure(env, [Change("tenant_weights", None, K.encode_tenant(tenant), value)])

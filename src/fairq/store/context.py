@@ -1,0 +1,139 @@
+"""The script context: the named, typed values the Python side hands to every script.
+
+:data:`CONTEXT_FIELDS` is the one ordered list of context names. A script declares the
+names it uses in its header (``--@context now counter_ttl``); the loader generates, for
+that script only, the Lua bindings ``C.<name>`` that read and check those ARGV slots
+(numbers must be numbers before anything is written), and :meth:`ScriptContext.argv`
+encodes exactly those values in the same order. So a script receives only the context
+it uses, and a name or type mismatch between the two sides fails at load time, not as a
+silently misread slot.
+
+``now`` is special: an empty string means "the server's clock" (the script reads
+``TIME``); tests and the simulator pass an explicit logical clock in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from fairq.config import RunQueueConfig
+
+Kind = Literal["clock", "int", "float", "str"]
+
+#: Every context name, in ARGV order, with its Lua type.
+CONTEXT_FIELDS: Final[tuple[tuple[str, Kind], ...]] = (
+    ("now", "clock"),
+    ("counter_ttl", "int"),
+    ("state_ttl", "int"),
+    ("outcome_ttl", "int"),
+    ("wake_channel", "str"),
+    ("default_env_concurrency", "int"),
+    ("default_burst_factor", "float"),
+    ("default_queue_size_limit", "int"),
+    ("default_order", "str"),
+    ("default_max_per_key", "int"),
+    ("default_quantum", "float"),
+    ("default_window", "int"),
+    ("default_join", "str"),
+    ("default_arrival_cap", "float"),
+    ("default_charge", "str"),
+    ("charge_unit_ms", "int"),
+    ("recent_runs", "int"),
+)
+CONTEXT_NAMES: Final = tuple(name for name, _ in CONTEXT_FIELDS)
+_KINDS: Final = dict(CONTEXT_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptContext:
+    """The process-level values (from :class:`RunQueueConfig`) every script may read."""
+
+    counter_ttl: int
+    state_ttl: int
+    outcome_ttl: int
+    wake_channel: str
+    default_env_concurrency: int
+    default_burst_factor: float
+    default_queue_size_limit: int
+    default_order: str
+    default_max_per_key: int
+    default_quantum: float
+    default_window: int
+    default_join: str
+    default_arrival_cap: float
+    default_charge: str
+    charge_unit_ms: int
+    recent_runs: int
+
+    @classmethod
+    def from_config(cls, config: RunQueueConfig, wake_channel: str) -> ScriptContext:
+        vt = config.vtime
+        return cls(
+            counter_ttl=config.counter_ttl_seconds,
+            state_ttl=vt.state_ttl_seconds,
+            outcome_ttl=config.outcome_ttl_seconds,
+            wake_channel=wake_channel,
+            default_env_concurrency=config.default_env_concurrency,
+            default_burst_factor=config.default_burst_factor,
+            default_queue_size_limit=config.default_queue_size_limit,
+            default_order="fair" if vt.enabled else "age",
+            default_max_per_key=config.max_per_key_per_call or 0,
+            default_quantum=vt.quantum,
+            default_window=vt.scan_window_multiplier,
+            default_join=vt.join_policy,
+            default_arrival_cap=vt.arrival_cap,
+            default_charge=vt.charge,
+            charge_unit_ms=vt.charge_unit_ms,
+            recent_runs=config.recent_runs,
+        )
+
+    def argv(self, names: tuple[str, ...], now_ms: int | None) -> list[str]:
+        """The ARGV prefix for a script that declared ``names`` (in CONTEXT_FIELDS order)."""
+        out: list[str] = []
+        for name in names:
+            if name == "now":
+                out.append("" if now_ms is None else str(int(now_ms)))
+                continue
+            value = getattr(self, name)
+            out.append(repr(float(value)) if _KINDS[name] == "float" else str(value))
+        return out
+
+
+def lua_bindings(names: tuple[str, ...]) -> str:
+    """The Lua that binds and checks ``C.<name>`` for a script's declared context names."""
+    lines = ["-- generated from fairq/store/context.py: this script's context", "local C = {}"]
+    for i, name in enumerate(names, start=1):
+        kind = _KINDS[name]
+        if kind == "clock":
+            lines += [
+                f"if ARGV[{i}] == '' then",
+                "  local t = redis.call('TIME')",
+                f"  C.{name} = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+                "else",
+                f"  C.{name} = tonumber(ARGV[{i}])",
+                "end",
+            ]
+        elif kind == "str":
+            lines.append(f"C.{name} = ARGV[{i}]")
+            continue
+        else:
+            lines.append(f"C.{name} = tonumber(ARGV[{i}])")
+        lines.append(
+            f"if C.{name} == nil or C.{name} ~= C.{name} then "
+            f"error({{err = 'FQ2 context {name} is not a number'}}) end"
+        )
+    lines.append(f"local FIRST_ARG = {len(names) + 1}")
+    return "\n".join(lines)
+
+
+def order_names(names: list[str]) -> tuple[str, ...]:
+    """Declared names in canonical order.
+
+    Raises:
+        ValueError: a name that is not a context field.
+    """
+    unknown = [n for n in names if n not in _KINDS]
+    if unknown:
+        raise ValueError(f"unknown context name(s) {unknown}; known: {list(CONTEXT_NAMES)}")
+    return tuple(n for n in CONTEXT_NAMES if n in names)

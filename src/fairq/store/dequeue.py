@@ -1,0 +1,244 @@
+"""Dequeueing: one script call serves one environment; the selection strategy orders the
+environments of a shard when a dequeue is not limited to one environment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fairq import keys as K
+from fairq.keys import Environment
+from fairq.models import DequeueBatch, Delivery
+from fairq.store import validate
+from fairq.store._core import StoreCore, text_of
+from fairq.store.selection import EnvPlan, SelectionStrategy
+
+#: Fields of one delivered run in a dequeue reply (dequeue.lua).
+DELIVERY_FIELDS = 9
+
+
+class DequeueOps(StoreCore):
+    selection: SelectionStrategy
+
+    def _deliveries(self, env: Environment, raw: list[Any]) -> list[Delivery]:
+        out = []
+        for i in range(0, len(raw), DELIVERY_FIELDS):
+            ck, tenant = text_of(raw[i + 3]), text_of(raw[i + 4])
+            out.append(
+                Delivery(
+                    env=env,
+                    queue=text_of(raw[i + 1]),
+                    run_id=text_of(raw[i]),
+                    payload_json=text_of(raw[i + 2]),
+                    concurrency_key=K.decode_concurrency_key(ck) if ck else None,
+                    attempt=int(raw[i + 5]),
+                    lease_token=int(raw[i + 6]),
+                    score_ms=int(float(raw[i + 7])),
+                    enqueued_at_ms=int(float(raw[i + 8])),
+                    tenant=K.decode_tenant(tenant) if tenant else None,
+                )
+            )
+        return out
+
+    async def dequeue_env(
+        self,
+        env: Environment,
+        queues: Sequence[str],
+        max_count: int,
+        *,
+        lease_ms: int | None = None,
+        now_ms: int | None = None,
+        kinds: str = "",
+    ) -> DequeueBatch:
+        """One dequeue script call: up to ``max_count`` runs of ``env`` from ``queues``
+        (``kinds``: "" all runs, "q" keyless only, "ck" keyed only)."""
+        for q in queues:
+            K.validate_name("queue", q, allow_slash=True)
+        if not queues:
+            return DequeueBatch([])
+        lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)
+        reply = await self.call_for_env(
+            "dequeue", env, [env.id, str(max_count), str(lease), kinds, *queues], now_ms
+        )
+        self.decode("dequeue", reply[0])
+        wait = int(reply[1])
+        return DequeueBatch(
+            self._deliveries(env, reply[3]), None if wait < 0 else wait, bool(int(reply[2]))
+        )
+
+    async def dequeue_batch(
+        self,
+        max_count: int = 10,
+        *,
+        env: Environment | None = None,
+        queues: Sequence[str] | None = None,
+        lease_ms: int | None = None,
+        now_ms: int | None = None,
+        shards: Iterable[int] | None = None,
+    ) -> DequeueBatch:
+        """Lease up to ``max_count`` runs, and say how long to wait when there are none.
+
+        With ``env`` (and optionally ``queues``, e.g. a worker's task queues) one script
+        call serves that environment, gated by its limits. Without, the shards are tried
+        in random order and each shard's environments in the selection strategy's order
+        (its ready heads read in one round trip, then one call per environment).
+
+        Raises:
+            InvalidLimitError: ``max_count`` not an integer in 1..1000, or a bad lease.
+            InvalidNameError: a bad queue name.
+        """
+        validate.max_count(max_count)
+        if lease_ms is not None:
+            validate.lease_ms(lease_ms)
+        if now_ms is not None:
+            validate.time_ms("now_ms", now_ms)
+        if env is not None:
+            names = list(queues) if queues is not None else await self.queues(env)
+            return await self.dequeue_env(env, names, max_count, lease_ms=lease_ms, now_ms=now_ms)
+        shard_ids = list(range(self.keys.shard_count)) if shards is None else list(shards)
+        self.rng.shuffle(shard_ids)
+        out: list[Delivery] = []
+        wait: int | None = None
+        gated = False
+        for shard in shard_ids:
+            for plan in await self._plan(shard, now_ms):
+                if len(out) >= max_count:
+                    break
+                if queues is not None:
+                    plan = EnvPlan(plan.env, [q for q in plan.queues if q in queues], plan.oldest_ms)
+                batch = await self.dequeue_env(
+                    plan.env, plan.queues, max_count - len(out), lease_ms=lease_ms, now_ms=now_ms
+                )
+                out += batch.deliveries
+                gated = gated or batch.gated
+                if batch.wait_ms is not None:
+                    wait = batch.wait_ms if wait is None else min(wait, batch.wait_ms)
+            if len(out) >= max_count:
+                break
+        if not out and wait is None:
+            wait = await self._next_due(shard_ids, now_ms)
+        return DequeueBatch(out, wait, gated)
+
+    async def dequeue(
+        self,
+        max_count: int = 10,
+        *,
+        env: Environment | None = None,
+        queues: Sequence[str] | None = None,
+        lease_ms: int | None = None,
+        now_ms: int | None = None,
+        shards: Iterable[int] | None = None,
+    ) -> list[Delivery]:
+        """Lease up to ``max_count`` runs (see :meth:`dequeue_batch`)."""
+        batch = await self.dequeue_batch(
+            max_count, env=env, queues=queues, lease_ms=lease_ms, now_ms=now_ms, shards=shards
+        )
+        return batch.deliveries
+
+    async def dequeue_from_queue(
+        self,
+        env: Environment,
+        queue: str,
+        *,
+        keyed: bool | None = None,
+        max_count: int = 10,
+        lease_ms: int | None = None,
+        now_ms: int | None = None,
+    ) -> list[Delivery]:
+        """One dequeue call on one queue of one environment: its keyless runs
+        (``keyed=False``), its keyed runs (``keyed=True``), or both (None)."""
+        validate.max_count(max_count)
+        kinds = "" if keyed is None else (K.KIND_CK if keyed else K.KIND_QUEUE)
+        batch = await self.dequeue_env(
+            env, [queue], max_count, lease_ms=lease_ms, now_ms=now_ms, kinds=kinds
+        )
+        return batch.deliveries
+
+    async def dequeue_variant(
+        self,
+        env: Environment,
+        queue: str,
+        concurrency_key: str | None,
+        *,
+        max_count: int = 1,
+        lease_ms: int | None = None,
+        now_ms: int | None = None,
+    ) -> list[Delivery]:
+        """Lease ready runs of one flow (a key, or the keyless runs with None), oldest
+        first, whatever the queue's order: for reference models that pick the flow
+        themselves. The env gate and the flow's caps apply; no fair-order state moves."""
+        validate.max_count(max_count)
+        K.validate_name("queue", queue, allow_slash=True)
+        ck = "" if concurrency_key is None else K.encode_concurrency_key(concurrency_key)
+        lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)
+        reply = await self.call(
+            "dequeue_variant", "age", self.keys.tag_of(env),
+            [env.id, queue, ck, str(max_count), str(lease)], now_ms,
+        )  # fmt: skip
+        self.decode("dequeue_variant", reply[0])
+        return self._deliveries(env, reply[3])
+
+    # ------------------------------------------------------------------ selection
+
+    async def _server_now(self, now_ms: int | None) -> int:
+        if now_ms is not None:
+            return now_ms
+        if not hasattr(self.client, "time"):
+            return 0
+        seconds, micros = await self.read(self.client.time())
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def _plan(self, shard: int, now_ms: int | None) -> list[EnvPlan]:
+        """A shard's ready environments, in the selection strategy's order."""
+        s = self.keys.shard(shard)
+        now = await self._server_now(now_ms)
+        raw = await self.read(
+            self.client.zrangebyscore(
+                s.heads, "-inf", now, start=0, num=self.selection.parent_queue_limit,
+                withscores=True,
+            )
+        )  # fmt: skip
+        members = [(text_of(m), float(sc)) for m, sc in raw]
+        if not members:
+            return []
+        plans = self.selection.group(members)
+        envs = [p.env for p in plans]
+
+        def gates(pipe: Any) -> None:
+            for env in envs:
+                e = self.keys.env(env)
+                pipe.scard(e.inflight)
+                pipe.hmget(e.config, ["concurrency", "burst_factor"])
+            pipe.zmscore(s.env_tags, [e.id for e in envs])
+            pipe.get(s.env_floor)
+
+        replies = await self.pipeline(gates)
+        busy: dict[Environment, int] = {}
+        limit: dict[Environment, int] = {}
+        for i, env in enumerate(envs):
+            busy[env] = int(replies[2 * i])
+            conc, burst = replies[2 * i + 1]
+            c = int(conc) if conc is not None else self.config.default_env_concurrency
+            b = float(burst) if burst is not None else self.config.default_burst_factor
+            limit[env] = int(c * b)
+        tags_raw, floor_raw = replies[-2], replies[-1]
+        tags: dict[Environment, float] | None = None
+        if self.fair or floor_raw is not None or any(t is not None for t in tags_raw or []):
+            floor = float(floor_raw) if floor_raw is not None else 0.0
+            tags = {
+                env: max(floor, float(t) if t is not None else floor)
+                for env, t in zip(envs, tags_raw or [None] * len(envs), strict=True)
+            }
+        return self.selection.order(members, busy, limit, tags)
+
+    async def _next_due(self, shards: list[int], now_ms: int | None) -> int | None:
+        """ms until the earliest future head over the shards (None when all are empty)."""
+        def heads(pipe: Any) -> None:
+            for shard in shards:
+                pipe.zrange(self.keys.shard(shard).heads, 0, 0, withscores=True)
+
+        found = [float(r[0][1]) for r in await self.pipeline(heads) if r]
+        if not found:
+            return None
+        now = await self._server_now(now_ms)
+        return max(0, int(min(found)) - now)

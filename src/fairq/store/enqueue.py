@@ -1,0 +1,151 @@
+"""Enqueueing: one script call per base queue, validated before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Final
+
+from fairq import keys as K
+from fairq.errors import QueueSizeLimitExceededError
+from fairq.keys import Environment
+from fairq.models import EnqueueRequest, EnqueueResult, EnqueueStatus
+from fairq.store import validate
+from fairq.store._core import StoreCore
+from fairq.store.status import Status
+
+#: Script calls one enqueue_many keeps in flight at once (bounds connections used).
+MAX_CONCURRENT_CALLS: Final = 8
+#: Runs per enqueue script call (larger groups are split).
+MAX_RUNS_PER_CALL: Final = 1000
+
+_STATUS: Final = {
+    Status.ENQUEUED: EnqueueStatus.ENQUEUED,
+    Status.DUPLICATE: EnqueueStatus.DUPLICATE,
+    Status.REJECTED_SIZE: EnqueueStatus.REJECTED,
+}
+
+
+class EnqueueOps(StoreCore):
+    async def enqueue(
+        self,
+        env: Environment,
+        queue: str,
+        run_id: str,
+        payload: Any = None,
+        *,
+        concurrency_key: str | None = None,
+        tenant: str | None = None,
+        delay_ms: int = 0,
+        available_at_ms: int | None = None,
+        priority_ms: int = 0,
+        ttl_ms: int | None = None,
+        keep_outcome: bool = False,
+        now_ms: int | None = None,
+    ) -> EnqueueStatus:
+        """Queue one run.
+
+        Args:
+            env: its environment.
+            queue: its queue (letters, digits, ``_ . - /``).
+            run_id: unique per environment; enqueueing an existing id is a no-op.
+            payload: any JSON-serialisable value.
+            concurrency_key: the CK variant (user, account…) the run belongs to.
+            tenant: the fairness group it belongs to (default: its concurrency key, or
+                for keyless runs its queue).
+            delay_ms: make it available this long after now (the server's clock).
+            available_at_ms: or at this absolute time (overrides ``delay_ms``).
+            priority_ms: a time credit: the run orders as if it were this much older.
+            ttl_ms: expire it (never deliver it) if not dequeued within this time.
+            keep_outcome: keep the outcome of a completed run even without a result.
+            now_ms: a logical clock (tests, the simulator); default: the server's.
+
+        Returns:
+            ``ENQUEUED`` or ``DUPLICATE``.
+
+        Raises:
+            QueueSizeLimitExceededError: the queue is at its size limit (nothing written).
+            InvalidNameError, PayloadError, InvalidLimitError: bad input (nothing written).
+        """
+        request = EnqueueRequest(
+            env, queue, run_id, payload, concurrency_key, delay_ms, available_at_ms,
+            priority_ms, ttl_ms, tenant, keep_outcome,
+        )  # fmt: skip
+        (result,) = await self.enqueue_many([request], now_ms=now_ms)
+        if result.status is EnqueueStatus.REJECTED:
+            raise QueueSizeLimitExceededError(queue, result.queue_size_limit)
+        return result.status
+
+    def encode_request(self, r: EnqueueRequest) -> list[str]:
+        """The 9 script arguments of one run (validating every field).
+
+        Raises:
+            InvalidNameError, PayloadError, InvalidLimitError: bad input.
+        """
+        if not isinstance(r, EnqueueRequest):
+            raise TypeError(f"expected an EnqueueRequest, got {type(r).__name__}")
+        if not isinstance(r.env, Environment):
+            raise K.InvalidNameError("environment", r.env, "must be an Environment")
+        K.validate_name("queue", r.queue, allow_slash=True)
+        K.validate_name("run id", r.run_id)
+        encoded_ck = "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
+        encoded_tenant = "" if r.tenant is None else K.encode_tenant(r.tenant)
+        delay = validate.duration_ms("delay_ms", r.delay_ms)
+        priority = validate.duration_ms("priority_ms", r.priority_ms)
+        available = (
+            "" if r.available_at_ms is None else str(validate.time_ms("available_at_ms", r.available_at_ms))
+        )
+        ttl = 0 if r.ttl_ms is None else validate.duration_ms("ttl_ms", r.ttl_ms, minimum=1)
+        if not isinstance(r.keep_outcome, bool):
+            raise validate.InvalidLimitError("keep_outcome", r.keep_outcome, "must be True or False")
+        payload = validate.payload(r.payload, self.config.max_payload_bytes)
+        return [
+            r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(priority),
+            str(ttl), payload, "keep" if r.keep_outcome else "",
+        ]  # fmt: skip
+
+    async def enqueue_many(
+        self, requests: Sequence[EnqueueRequest], *, now_ms: int | None = None
+    ) -> list[EnqueueResult]:
+        """Queue several runs: one script call per base queue, a few in flight at once.
+
+        Every request is validated before anything is written. Returns one result per
+        request, in order: enqueued, duplicate, or rejected by the queue size limit.
+        """
+        if now_ms is not None:
+            validate.time_ms("now_ms", now_ms)
+        groups: dict[tuple[Environment, str], list[int]] = defaultdict(list)
+        encoded: list[list[str]] = []
+        for i, r in enumerate(requests):
+            encoded.append(self.encode_request(r))
+            groups[(r.env, r.queue)].append(i)
+        results: list[EnqueueResult | None] = [None] * len(requests)
+        calls = [
+            (env, queue, indexes[i : i + MAX_RUNS_PER_CALL])
+            for (env, queue), indexes in groups.items()
+            for i in range(0, len(indexes), MAX_RUNS_PER_CALL)
+        ]
+
+        async def one(env: Environment, queue: str, indexes: list[int]) -> None:
+            args: list[str] = [env.id, queue]
+            for i in indexes:
+                args.extend(encoded[i])
+            reply = await self.call_for_env("enqueue", env, args, now_ms)
+            self.decode("enqueue", reply[0])
+            limit = int(reply[1])
+            for i, code in zip(indexes, reply[2:], strict=True):
+                status = _STATUS[self.decode("enqueue", code)]
+                results[i] = EnqueueResult(requests[i].run_id, status, limit)
+
+        if len(calls) == 1:
+            await one(*calls[0])
+        else:
+            limiter = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+
+            async def limited(env: Environment, queue: str, indexes: list[int]) -> None:
+                async with limiter:
+                    await one(env, queue, indexes)
+
+            await asyncio.gather(*(limited(*c) for c in calls))
+        return [r for r in results if r is not None]

@@ -1,0 +1,76 @@
+--[[ ack.lua: finish leased runs of one shard: record their outcomes, free their slots,
+forget them; in one atomic step (an outcome is never written for a run whose ack was
+refused).
+
+A run is acked only while it is running under the caller's lease token; otherwise its
+lease was lost (it lapsed and was requeued, or it was finished already).
+Built twice: the fair-order build also returns what a run's cap held back to the order
+and, with charge = duration, corrects the run's charge by its run time.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
+    default_env_concurrency default_burst_factor default_queue_size_limit default_order
+    default_max_per_key default_quantum default_window default_join default_arrival_cap
+    default_charge
+  then 4 per run: lease member (org:project:env:run), lease token, outcome JSON to keep
+    ('' = keep none), status word for the queue's history (completed | failed |
+    cancelled | timed_out)
+Reply
+  one status per run: ACKED, UNKNOWN_RUN, LEASE_LOST
+]]
+--@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
+--@context default_env_concurrency default_burst_factor default_queue_size_limit
+--@context default_order default_max_per_key default_quantum default_window default_join
+--@context default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local FIELDS = 4
+local tag = KEYS[1]
+local count = arg_groups(FIRST_ARG, FIELDS, 'run')
+local todo = {}
+for r = 0, count - 1 do
+  local i = FIRST_ARG + r * FIELDS
+  todo[#todo + 1] = {
+    member = arg_member(ARGV[i]),
+    token = arg_int(ARGV[i + 1], 'lease token', 0, 1e15),
+    outcome = ARGV[i + 2],
+    status = arg_word(ARGV[i + 3], 'status', {'completed', 'failed', 'cancelled', 'timed_out'}),
+  }
+end
+
+local X = state_new(C, tag)
+local statuses, gone = {}, {}
+for _, t in ipairs(todo) do
+  local mkey = run_key(tag, t.member)
+  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ls', 'ta')
+  if not f[1] then
+    statuses[#statuses + 1] = S.UNKNOWN_RUN
+  elseif f[3] ~= 'running' or tonumber(f[4]) ~= t.token then
+    statuses[#statuses + 1] = S.LEASE_LOST
+  else
+    local env_id, run = split_member(t.member)
+    local Q = run_queue(X, env_id, f[1])
+    local ta = f[7] or ''
+    free_slots(X, Q, f[2], run, ta)
+    X.lease_del[#X.lease_del + 1] = t.member
+    gone[#gone + 1] = mkey
+    if t.outcome ~= '' then write_outcome(X, t.member, t.outcome) end
+    local started = tonumber(f[6])
+    recent_add(X, Q, run, t.status, tonumber(f[5]) or 0, started, f[2], ta)
+    history_add(X, Q, t.status, 1)
+    if started then
+      history_add(X, Q, 'run_ms', X.now - started)
+      HOOK.charge(X, Q, flow_of(f[2]), ta, X.now - started)
+    end
+    statuses[#statuses + 1] = S.ACKED
+  end
+end
+del_keys(gone)
+HOOK.finish(X)
+state_flush(X)
+return statuses

@@ -1,0 +1,63 @@
+--[[ cancel.lua: cancel a run. A queued run is removed (never delivered) and a
+dead-lettered one leaves the dead-letter queue; either gets the outcome 'cancelled'.
+A running run is marked: its worker sees the request at its next heartbeat (and on the
+wake channel at once), stops it and acks it as cancelled.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl state_ttl outcome_ttl wake_channel recent_runs
+    default_env_concurrency default_burst_factor default_queue_size_limit default_order
+    default_max_per_key default_quantum default_window default_join default_arrival_cap
+    default_charge
+  FIRST_ARG      env id
+  FIRST_ARG + 1  run id
+Reply
+  CANCELLED, REMOVED_FROM_DLQ, CANCEL_REQUESTED, ALREADY_FINISHED (it has an outcome),
+  UNKNOWN_RUN
+]]
+--@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs
+--@context default_env_concurrency default_burst_factor default_queue_size_limit
+--@context default_order default_max_per_key default_quantum default_window default_join
+--@context default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local tag = KEYS[1]
+local env_id = arg_env(ARGV[FIRST_ARG])
+local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', 128)
+local X = state_new(C, tag)
+local member = env_id .. ':' .. run
+local mkey = run_key(tag, member)
+local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'a', 'x', 'n')
+local state = f[3]
+if not state then
+  if redis.call('EXISTS', outcome_key(tag, member)) == 1 then return S.ALREADY_FINISHED end
+  return S.UNKNOWN_RUN
+end
+local Q = run_queue(X, env_id, f[1])
+if state == 'running' then
+  redis.call('HSET', mkey, 'cx', X.now)
+  redis.call('PUBLISH', C.wake_channel, 'cancel:' .. member)
+  return S.CANCEL_REQUESTED
+end
+local outcome = cjson.encode({status = 'cancelled', queue = f[1], key = f[2],
+  tenant = f[6] or '', attempts = tonumber(f[4]) or 0, finished_at = X.now})
+if state == 'dlq' then
+  redis.call('ZREM', env_key(Q.V, 'dlq'), run)
+  redis.call('DEL', mkey)
+  write_outcome(X, member, outcome)
+  return S.REMOVED_FROM_DLQ
+end
+unqueue(X, Q, f[2], run)
+if f[2] ~= '' then variant_refresh(X, Q, f[2]) end
+if tonumber(f[5] or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
+redis.call('DEL', mkey)
+write_outcome(X, member, outcome)
+recent_add(X, Q, run, 'cancelled', tonumber(f[4]) or 0, nil, f[2], '')
+history_add(X, Q, 'cancelled', 1)
+HOOK.finish(X)
+state_flush(X)
+return S.CANCELLED

@@ -1,0 +1,85 @@
+--[[ configure.lua: apply a set of limit / option / weight changes of one environment
+atomically: every change is checked before the first is written, so a command that is
+partly wrong changes nothing. Then wake consumers (a raised limit may let runs go).
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: wake_channel
+  FIRST_ARG  env id
+  then 4 per change: target, queue ('' for the environment's own), field, value
+    ('' = remove). Targets:
+      config        V:config: an option of the env (queue '') or of the queue
+      key_caps      B:kcaps[field = encoded key]       value: integer >= 0
+      tenant_caps   B:tcaps[field = encoded tenant]    value: integer >= 0
+      key_rates     B:krates[field = encoded key]      value: 'rate:burst'
+      tenant_rates  B:trates[field = encoded tenant]   value: 'rate:burst'
+      key_weights   B:ckweights[field = encoded key]   value: number > 0
+      tenant_weights V:tw[field = encoded tenant]      value: number > 0
+      env_weights   T:eweights[field = env id]         value: number > 0
+Reply
+  OK
+]]
+--@context wake_channel
+--@include prelude
+
+local tag = KEYS[1]
+local env_id = arg_env(ARGV[FIRST_ARG])
+local count = arg_groups(FIRST_ARG + 1, 4, 'change')
+local V = env_prefix(tag, env_id)
+
+local function check_value(target, queue, field, value)
+  if value == '' then return end
+  if target == 'config' then
+    local kind = queue == '' and ENV_OPTION_KIND[field] or QUEUE_OPTION_KIND[field]
+    if kind == nil then fail('unknown option ' .. field) end
+    if kind == 'int' then
+      arg_int(value, field, 0, UNLIMITED)
+    elseif kind == 'float' then
+      arg_num(value, field, 0, UNLIMITED)
+    elseif kind == 'flag' then
+      arg_word(value, field, {'0', '1'})
+    end
+  elseif target == 'key_caps' or target == 'tenant_caps' then
+    arg_int(value, 'cap', 0, UNLIMITED)
+  elseif target == 'key_rates' or target == 'tenant_rates' then
+    local r, b = string.match(value, '^([^:]+):([^:]+)$')
+    arg_num(r, 'rate', 1e-6, 1e6)
+    arg_int(b, 'rate burst', 1, 1000000)
+  else
+    arg_num(value, 'weight', 1e-3, 1e3)
+  end
+end
+
+local QUEUE_TARGETS = {key_caps = 'key_caps', tenant_caps = 'tenant_caps',
+  key_rates = 'key_rates', tenant_rates = 'tenant_rates', key_weights = 'key_weights'}
+local changes = {}
+for r = 0, count - 1 do
+  local i = FIRST_ARG + 1 + r * 4
+  local target, queue, field, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local key
+  if target == 'config' then
+    key = env_key(V, 'config')
+    if queue ~= '' then field = config_field(arg_name(queue, 'queue', 128), field) end
+  elseif QUEUE_TARGETS[target] then
+    key = queue_key(queue_prefix(tag, env_id, arg_name(queue, 'queue', 128)), QUEUE_TARGETS[target])
+  elseif target == 'tenant_weights' then
+    key = env_key(V, 'tenant_weights')
+  elseif target == 'env_weights' then
+    key = shard_key(tag, 'env_weights')
+  else
+    fail('unknown target ' .. tostring(target))
+  end
+  if type(field) ~= 'string' or #field == 0 or #field > 1024 then fail('bad field') end
+  check_value(target, queue, ARGV[i + 2], value)
+  changes[#changes + 1] = {key, field, value}
+end
+for _, c in ipairs(changes) do
+  if c[3] == '' then
+    redis.call('HDEL', c[1], c[2])
+  else
+    redis.call('HSET', c[1], c[2], c[3])
+  end
+end
+redis.call('PUBLISH', C.wake_channel, 'limits')
+return S.OK

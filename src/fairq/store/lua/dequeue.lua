@@ -1,0 +1,99 @@
+--[[ dequeue.lua: lease ready runs of one environment, across the listed queues.
+
+Gates: env slots < floor(env limit x burst); then, per queue, the queue's total cap,
+rate limit and pause; per key its cap (override, else min(queue limit, env limit)),
+per tenant its cap, per key / tenant their rate limits. Keyless runs of a queue share
+its limit. Order: queues in the age order are served oldest head first (keys too); the
+queues in the fair order are served together in start-time fair queueing order over
+(tenant, queue) pairs, then over a tenant's keys (see include/order_fair.lua).
+Built twice: for the age order (it refuses a queue whose order is fair: NEEDS_FAIR,
+nothing written) and for the fair order (it serves both).
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl state_ttl outcome_ttl wake_channel default_env_concurrency
+    default_burst_factor default_queue_size_limit default_order default_max_per_key
+    default_quantum default_window default_join default_arrival_cap default_charge
+    recent_runs
+  FIRST_ARG      env id (org:project:env)
+  FIRST_ARG + 1  max_count (1..1000)
+  FIRST_ARG + 2  lease (ms, 1..86400000)
+  FIRST_ARG + 3  which runs: '' (all), 'q' (keyless only), 'ck' (keyed only)
+  FIRST_ARG + 4  queue names... (the candidates; at most 1000)
+Reply
+  {status, wait (ms from now until something held back becomes ready, -1 = nothing
+   known), gated (1: ready work was left behind a limit), deliveries}
+  deliveries: 9 fields per run: run id, queue, payload, encoded key ('' = none), named
+  tenant ('' = none), attempt, lease token, score (ms), enqueued at (ms)
+]]
+--@context now counter_ttl state_ttl outcome_ttl wake_channel default_env_concurrency
+--@context default_burst_factor default_queue_size_limit default_order default_max_per_key
+--@context default_quantum default_window default_join default_arrival_cap default_charge
+--@context recent_runs
+--@include prelude
+--@include config
+--@include serve_age
+--@include order
+
+local tag = KEYS[1]
+local env_id = arg_env(ARGV[FIRST_ARG])
+local max_count = arg_int(ARGV[FIRST_ARG + 1], 'max_count', 1, 1000)
+local lease_ms = arg_int(ARGV[FIRST_ARG + 2], 'lease_ms', 1, 86400000)
+local kinds = arg_word(ARGV[FIRST_ARG + 3], 'kinds', {'', KIND_QUEUE, KIND_CK})
+local queues = {}
+for i = FIRST_ARG + 4, #ARGV do queues[#queues + 1] = arg_name(ARGV[i], 'queue', 128) end
+if #queues > 1000 then fail('at most 1000 queues per dequeue') end
+
+local X = state_new(C, tag)
+local V = env_prefix(tag, env_id)
+local env, by_name = config_read(X, V, env_id, queues)
+if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, -1, 0, {}} end
+
+-- the candidates' heads-index entries: ready ones oldest first; the earliest future one
+local members, meta = {}, {}
+for _, q in ipairs(queues) do
+  for _, kind in ipairs({KIND_QUEUE, KIND_CK}) do
+    if kinds == '' or kinds == kind then
+      members[#members + 1] = heads_member(kind, env_id, q)
+      meta[#meta + 1] = {kind = kind, queue = q}
+    end
+  end
+end
+local scores = call_list('ZMSCORE', X.heads, members)
+local R = result_new()
+local ready = {}
+for i, m in ipairs(meta) do
+  local score = tonumber(scores[i])
+  if score ~= nil then
+    if score <= X.now then
+      m.score = score
+      m.member = members[i]
+      ready[#ready + 1] = m
+    else
+      wait_until(R, score)
+    end
+  end
+end
+table.sort(ready, function(a, b)
+  if a.score ~= b.score then return a.score < b.score end
+  return a.member < b.member
+end)
+
+local out = {}
+if #ready > 0 then
+  local busy = redis.call('SCARD', env_key(V, 'inflight'))
+  local n = math.min(max_count, env.limit_burst - busy)
+  if n <= 0 then
+    R.gated = true
+  else
+    HOOK.serve(X, env, by_name, ready, n, lease_ms, out, R)
+  end
+end
+buckets_flush(X)
+HOOK.finish(X)
+state_flush(X)
+if R.gated then redis.call('SET', env_key(V, 'gated'), 1, 'EX', 60) end
+local wait = -1
+if R.wait ~= nil then wait = math.max(0, R.wait - X.now) end
+return {S.OK, wait, R.gated and 1 or 0, out}

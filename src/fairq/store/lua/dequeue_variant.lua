@@ -1,0 +1,59 @@
+--[[ dequeue_variant.lua: lease up to max_count ready runs of one flow of one queue,
+oldest first, whatever the queue's order: for reference models that choose the flow
+themselves (the simulator's drr / stride / CoDel). The env gate and the flow's caps and
+rate limits apply; the fair order's state is not advanced.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl outcome_ttl recent_runs wake_channel default_env_concurrency
+    default_burst_factor default_queue_size_limit default_order default_max_per_key
+    default_quantum default_window default_join default_arrival_cap default_charge
+  FIRST_ARG      env id
+  FIRST_ARG + 1  queue
+  FIRST_ARG + 2  encoded key ('' = the keyless runs)
+  FIRST_ARG + 3  max_count (1..1000)
+  FIRST_ARG + 4  lease (ms)
+Reply
+  {OK, wait (-1), gated (0/1), deliveries} as dequeue.lua
+]]
+--@context now counter_ttl outcome_ttl recent_runs wake_channel default_env_concurrency
+--@context default_burst_factor default_queue_size_limit default_order default_max_per_key
+--@context default_quantum default_window default_join default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include claim
+--@include gates
+
+HOOK.flow_queued = function() end
+HOOK.slot_freed = function() end
+
+local tag = KEYS[1]
+local env_id = arg_env(ARGV[FIRST_ARG])
+local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
+local ck = ARGV[FIRST_ARG + 2]
+if ck ~= '' and not string.match(ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
+local max_count = arg_int(ARGV[FIRST_ARG + 3], 'max_count', 1, 1000)
+local lease_ms = arg_int(ARGV[FIRST_ARG + 4], 'lease_ms', 1, 86400000)
+local X = state_new(C, tag)
+local V = env_prefix(tag, env_id)
+local env, by_name = config_read(X, V, env_id, {queue})
+local Q = by_name[queue]
+local out = {}
+local gated = 0
+local busy = redis.call('SCARD', env_key(V, 'inflight'))
+local n = math.min(max_count, env.limit_burst - busy)
+local flow = ck == '' and KEYLESS_FLOW or ck
+if n > 0 and not Q.paused then
+  local room = math.min(flow_room(X, Q, flow, flow, false), total_room(X, Q))
+  if room > 0 then
+    local got = claim(X, Q, flow, math.min(n, room), lease_ms, '', out)
+    flow_took(X, Q, flow, got)
+  else
+    gated = 1
+  end
+else
+  gated = 1
+end
+state_flush(X)
+return {S.OK, -1, gated, out}

@@ -1,0 +1,119 @@
+--[[ enqueue.lua: add runs to one base queue (keyless, or into concurrency-key variants).
+
+A run id that already exists (queued, running or dead-lettered) is a no-op. The queue
+size limit (the queue's max_size, else the env's max_queue_size, else the default)
+counts keyless runs plus runs queued across all variants and is checked per run,
+atomically. Times are computed here, on the script's clock (the server's, unless a
+logical clock is passed). Every run's arguments are checked before anything is written.
+Built twice: the age-order build refuses a queue whose order is fair (NEEDS_FAIR,
+nothing written); the fair-order build also registers new flows in the fair order.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl state_ttl wake_channel default_queue_size_limit default_order
+    default_env_concurrency default_burst_factor default_max_per_key default_quantum
+    default_window default_join default_arrival_cap default_charge
+  FIRST_ARG      env id      FIRST_ARG + 1  queue
+  then 9 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
+    available at (ms, absolute; '' = now + delay), delay (ms), priority (ms, a time
+    credit: the run orders as if this much older), TTL (ms from now, 0 = none),
+    payload (JSON), outcome policy ('' | 'keep')
+Reply
+  {status (OK | NEEDS_FAIR), size limit in force (0 = none), one status per run
+   (ENQUEUED, DUPLICATE, REJECTED_SIZE)}
+]]
+--@context now counter_ttl state_ttl wake_channel default_queue_size_limit default_order
+--@context default_env_concurrency default_burst_factor default_max_per_key default_quantum
+--@context default_window default_join default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local FIELDS = 9
+local tag = KEYS[1]
+local env_id = arg_env(ARGV[FIRST_ARG])
+local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
+local count = arg_groups(FIRST_ARG + 2, FIELDS, 'run')
+
+-- check every run before the first write
+local runs = {}
+for r = 0, count - 1 do
+  local i = FIRST_ARG + 2 + r * FIELDS
+  local run = {
+    id = arg_name(ARGV[i], 'run id', 128),
+    ck = ARGV[i + 1], tenant = ARGV[i + 2],
+    delay = arg_int(ARGV[i + 4], 'delay_ms', 0, MAX_TIME_MS),
+    priority = arg_int(ARGV[i + 5], 'priority_ms', 0, MAX_TIME_MS),
+    ttl = arg_int(ARGV[i + 6], 'ttl_ms', 0, MAX_TIME_MS),
+    payload = ARGV[i + 7], keep = arg_word(ARGV[i + 8], 'outcome policy', {'', 'keep'}),
+  }
+  if run.ck ~= '' and not string.match(run.ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
+  if run.tenant ~= '' and not string.match(run.tenant, '^[%w_%.%-%%]+$') then
+    fail('bad encoded tenant')
+  end
+  if ARGV[i + 3] == '' then
+    run.available = C.now + run.delay
+  else
+    run.available = arg_int(ARGV[i + 3], 'available_at_ms', 0, MAX_TIME_MS)
+  end
+  run.score = run.available - run.priority
+  run.ttl_deadline = run.ttl > 0 and (C.now + run.ttl) or 0
+  if run.ttl_deadline > MAX_TIME_MS then fail('ttl_ms out of range') end
+  runs[#runs + 1] = run
+end
+
+local X = state_new(C, tag)
+local V = env_prefix(tag, env_id)
+local env, by_name = config_read(X, V, env_id, {queue})
+local Q = by_name[queue]
+if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, 0} end
+
+local max_size = Q.max_size or 0
+local size = nil -- on first need: keyless runs + runs queued across all variants
+local reply = {S.OK, max_size}
+for _, run in ipairs(runs) do
+  local member = env_id .. ':' .. run.id
+  local mkey = run_key(tag, member)
+  local status
+  if redis.call('EXISTS', mkey) == 1 then
+    status = S.DUPLICATE -- idempotent: this run id is queued, running or dead-lettered
+  else
+    if max_size > 0 and size == nil then
+      size = redis.call('ZCARD', queue_key(Q.B, 'queued')) + ck_queued(X, Q.B, V, env_id, queue)
+    end
+    if max_size > 0 and size + 1 > max_size then
+      status = S.REJECTED_SIZE
+    else
+      local fields = {'q', queue, 'k', run.ck, 'p', run.payload, 's', run.score,
+        't', C.now, 'a', 0, 'd', 0, 'st', 'queued'}
+      if run.tenant ~= '' then
+        fields[#fields + 1] = 'n'
+        fields[#fields + 1] = run.tenant
+      end
+      if run.ttl_deadline > 0 then
+        fields[#fields + 1] = 'x'
+        fields[#fields + 1] = run.ttl_deadline
+      end
+      if run.keep ~= '' then
+        fields[#fields + 1] = 'o'
+        fields[#fields + 1] = run.keep
+      end
+      redis.call('HSET', mkey, unpack(fields))
+      place_queued(X, Q, run.ck, run.id, run.score, run.tenant)
+      if run.ttl_deadline > 0 then redis.call('ZADD', X.ttl, run.ttl_deadline, member) end
+      if size then size = size + 1 end
+      status = S.ENQUEUED
+    end
+  end
+  reply[#reply + 1] = status
+end
+if X.wake then
+  -- the queue's head changed (it was empty, or this run is older): it may be new here
+  redis.call('SADD', env_key(V, 'queues'), queue)
+  redis.call('SADD', shard_key(tag, 'envs'), env_id)
+end
+HOOK.finish(X)
+state_flush(X)
+return reply

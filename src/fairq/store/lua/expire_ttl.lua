@@ -1,0 +1,47 @@
+--[[ expire_ttl.lua: expire queued runs whose TTL passed before any delivery: remove
+them and record each one's outcome ('expired'); never deliver them. Maintenance: run on
+a timer, under the maintenance lock (a dequeue also expires a due run it meets).
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl outcome_ttl recent_runs state_ttl wake_channel
+    default_env_concurrency default_burst_factor default_queue_size_limit default_order
+    default_max_per_key default_quantum default_window default_join default_arrival_cap
+    default_charge
+  FIRST_ARG  batch size (1..10000)
+Reply
+  {OK, count expired, lease member...}
+]]
+--@context now counter_ttl outcome_ttl recent_runs state_ttl wake_channel
+--@context default_env_concurrency default_burst_factor default_queue_size_limit
+--@context default_order default_max_per_key default_quantum default_window default_join
+--@context default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local tag = KEYS[1]
+local batch = arg_int(ARGV[FIRST_ARG], 'batch', 1, 10000)
+local X = state_new(C, tag)
+local due = redis.call('ZRANGEBYSCORE', X.ttl, '-inf', X.now, 'LIMIT', 0, batch)
+local reply = {S.OK, 0}
+for _, member in ipairs(due) do
+  local mkey = run_key(tag, member)
+  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'a')
+  if f[1] and f[3] == 'queued' then
+    local env_id, run = split_member(member)
+    local Q = run_queue(X, env_id, f[1])
+    unqueue(X, Q, f[2], run)
+    if f[2] ~= '' then variant_refresh(X, Q, f[2]) end
+    expire_run(X, Q, f[2], run, member, tonumber(f[4]))
+    reply[2] = reply[2] + 1
+    reply[#reply + 1] = member
+  else
+    X.ttl_del[#X.ttl_del + 1] = member
+  end
+end
+HOOK.finish(X)
+state_flush(X)
+return reply

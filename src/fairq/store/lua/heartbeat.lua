@@ -1,0 +1,45 @@
+--[[ heartbeat.lua: extend the leases of runs a consumer is still working on, on the
+script's clock (the server's), so a consumer whose own clock is off can neither lose
+its leases nor take others'.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now
+  FIRST_ARG  lease (ms, 1..86400000)
+  then 2 per run: lease member (org:project:env:run), lease token
+Reply
+  one status per run: EXTENDED (new deadline now + lease), CANCEL_REQUESTED (extended,
+  and someone asked to cancel the run: its worker should stop it), UNKNOWN_RUN,
+  LEASE_LOST
+]]
+--@context now
+--@include prelude
+
+local tag = KEYS[1]
+local lease_ms = arg_int(ARGV[FIRST_ARG], 'lease_ms', 1, 86400000)
+local count = arg_groups(FIRST_ARG + 1, 2, 'run')
+local todo = {}
+for r = 0, count - 1 do
+  local i = FIRST_ARG + 1 + r * 2
+  todo[#todo + 1] = {arg_member(ARGV[i]), arg_int(ARGV[i + 1], 'lease token', 0, 1e15)}
+end
+local leases = shard_key(tag, 'leases')
+local deadline = C.now + lease_ms
+local statuses, extended = {}, {}
+for _, t in ipairs(todo) do
+  local mkey = run_key(tag, t[1])
+  local f = redis.call('HMGET', mkey, 'st', 'd', 'cx')
+  if not f[1] then
+    statuses[#statuses + 1] = S.UNKNOWN_RUN
+  elseif f[1] ~= 'running' or tonumber(f[2]) ~= t[2] then
+    statuses[#statuses + 1] = S.LEASE_LOST
+  else
+    redis.call('HSET', mkey, 'l', deadline)
+    extended[#extended + 1] = deadline
+    extended[#extended + 1] = t[1]
+    statuses[#statuses + 1] = f[3] and S.CANCEL_REQUESTED or S.EXTENDED
+  end
+end
+if #extended > 0 then call_chunked('ZADD', leases, extended, 'XX') end
+return statuses

@@ -1,0 +1,95 @@
+-- claim.lua: lease the ready runs at the head of one flow.
+--@require state counters runs
+
+--- Fields of one delivered run in a dequeue reply.
+local DELIVERY_FIELDS = 9
+
+-- Claim up to `limit` ready runs (score <= now, oldest first) of flow `flow` of queue Q
+-- into their slots, leasing each until now + lease_ms. `ta` is the named tenant the
+-- runs' slots count under ('' = none). Stale entries (hash gone) are dropped; runs
+-- whose TTL passed are reported, never delivered. Each delivered run appends
+--   run id, queue, payload, encoded key, tenant, attempt, lease token, score, enqueued at
+-- to `out`. With `max_score`, only runs scored below it (or equal, when `tie_ok`) are
+-- claimed. Returns the number delivered and the flow's next head score (nil = empty).
+local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
+  local keyless = flow == KEYLESS_FLOW
+  local ck = keyless and '' or flow
+  local qkey = keyless and queue_key(Q.B, 'queued') or variant_key(Q.B, ck, 'queued')
+  local delivered, head = 0, nil
+  local taken, removed = {}, 0
+  local deadline = X.now + lease_ms
+  for _ = 1, 8 do -- bounded: each round removes every run it looked at
+    local want = limit - delivered
+    if want <= 0 then break end
+    -- want + 1 entries by rank: the ready ones to claim, and what follows (the new head)
+    local entries = redis.call('ZRANGE', qkey, 0, want, 'WITHSCORES')
+    head = nil
+    local looked = {}
+    for i = 1, #entries, 2 do
+      local run, score = entries[i], tonumber(entries[i + 1])
+      if score > X.now or #looked >= want
+          or (max_score ~= nil and (score > max_score or (score == max_score and not tie_ok))) then
+        head = score
+        break
+      end
+      looked[#looked + 1] = run
+      local member = Q.env_id .. ':' .. run
+      local mkey = run_key(X.tag, member)
+      local f = redis.call('HMGET', mkey, 'p', 'a', 's', 't', 'x', 'd')
+      if not f[1] then
+        -- stale: the run was finished elsewhere; nothing to deliver
+      elseif tonumber(f[5] or '0') > 0 and tonumber(f[5]) <= X.now then
+        expire_run(X, Q, ck, run, member, tonumber(f[2]))
+      else
+        local token = tonumber(f[6] or '0') + 1
+        redis.call('HSET', mkey, 'st', 'running', 'l', deadline, 'ls', X.now, 'd', token, 'ta', ta)
+        if tonumber(f[5] or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
+        X.lease_add[#X.lease_add + 1] = deadline
+        X.lease_add[#X.lease_add + 1] = member
+        taken[#taken + 1] = run
+        out[#out + 1] = run
+        out[#out + 1] = Q.name
+        out[#out + 1] = f[1]
+        out[#out + 1] = ck
+        out[#out + 1] = ta
+        out[#out + 1] = f[2]
+        out[#out + 1] = token
+        out[#out + 1] = f[3]
+        out[#out + 1] = f[4]
+        delivered = delivered + 1
+      end
+    end
+    if #looked > 0 then removed = removed + call_chunked('ZREM', qkey, looked) end
+    -- head == nil: every entry there was consumed, so the flow is empty
+    if head == nil or head > X.now or (max_score ~= nil and head >= max_score) then break end
+  end
+  if #taken > 0 then
+    if keyless then
+      call_chunked('SADD', queue_key(Q.B, 'inflight'), taken)
+    else
+      call_chunked('SADD', variant_key(Q.B, ck, 'inflight'), taken)
+      ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, #taken)
+    end
+    if ta ~= '' then tenant_running_add(X, Q.B, Q.V, Q.env_id, Q.name, ta, #taken) end
+    local env_take = X.env_take[Q.V] or {}
+    X.env_take[Q.V] = env_take
+    for _, run in ipairs(taken) do env_take[#env_take + 1] = run end
+  end
+  if keyless then
+    touch(X, Q, KIND_QUEUE)
+  else
+    if removed > 0 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -removed) end
+    touch(X, Q, KIND_CK)
+    if head == nil then
+      redis.call('ZREM', queue_key(Q.B, 'ck_index'), ck)
+    else
+      redis.call('ZADD', queue_key(Q.B, 'ck_index'), head, ck)
+    end
+  end
+  if head == nil and ta ~= '' then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), flow) end
+  if delivered > 0 then
+    history_add(X, Q, 'served', delivered)
+    history_add(X, Q, 't:' .. (ta ~= '' and ta or default_tenant(Q.name, flow)), delivered)
+  end
+  return delivered, head
+end

@@ -1,0 +1,80 @@
+-- config.lua: an environment's limits and options, and its queues', from V:config.
+-- A queue's option falls back to the environment's, then to the process default (C).
+--@require state
+
+local function option_value(kind, raw)
+  if raw == nil or raw == false then return nil end
+  if kind == 'word' then return raw end
+  if kind == 'flag' then return raw == '1' end
+  return tonumber(raw)
+end
+
+-- The environment: its limits and the option defaults of its queues.
+local function env_config(X, V, env_id, raw)
+  local C = X.C
+  local e = {}
+  for i, name in ipairs(ENV_OPTIONS) do e[name] = option_value(ENV_OPTION_KIND[name], raw[i]) end
+  local limit = e.concurrency or C.default_env_concurrency
+  local burst = e.burst_factor or C.default_burst_factor
+  return {
+    V = V, env_id = env_id, options = e,
+    limit = limit, burst = burst, limit_burst = math.floor(limit * burst),
+    max_queue_size = e.max_queue_size or C.default_queue_size_limit,
+  }
+end
+
+-- One queue of `env`, from the raw values of its QUEUE_OPTIONS fields.
+local function queue_config(X, env, name, raw, offset)
+  local C, e = X.C, env.options
+  local q = {}
+  for i, option in ipairs(QUEUE_OPTIONS) do
+    q[option] = option_value(QUEUE_OPTION_KIND[option], raw[offset + i])
+  end
+  local default_per_key = C.default_max_per_key
+  if default_per_key ~= nil and default_per_key <= 0 then default_per_key = nil end
+  return {
+    name = name, env = env, env_id = env.env_id, V = env.V,
+    B = queue_prefix(X.tag, env.env_id, name),
+    concurrency = q.concurrency,
+    -- the per-variant limit (and the keyless runs' total): min(queue limit, env limit)
+    limit = math.min(q.concurrency or UNLIMITED, env.limit),
+    paused = q.paused or false,
+    total = q.total,
+    max_size = q.max_size or env.max_queue_size,
+    rate = q.rate, rate_burst = q.rate_burst or 1,
+    key_rate = q.key_rate, key_rate_burst = q.key_rate_burst or 1,
+    tenant_rate = q.tenant_rate, tenant_rate_burst = q.tenant_rate_burst or 1,
+    borrow = q.borrow or false,
+    order = q.order or e.order or C.default_order,
+    max_per_key = q.max_per_key or e.max_per_key or default_per_key,
+    quantum = q.quantum or e.quantum or C.default_quantum,
+    window = q.window or e.window or C.default_window,
+    join = q.join or e.join or C.default_join,
+    arrival_cap = q.arrival_cap or e.arrival_cap or C.default_arrival_cap,
+    charge = q.charge or e.charge or C.default_charge,
+  }
+end
+
+-- The environment and the listed queues, in one HMGET. Returns env, {name -> queue}.
+local function config_read(X, V, env_id, queues)
+  local fields = {}
+  for _, name in ipairs(ENV_OPTIONS) do fields[#fields + 1] = name end
+  for _, q in ipairs(queues) do
+    for _, option in ipairs(QUEUE_OPTIONS) do fields[#fields + 1] = config_field(q, option) end
+  end
+  local raw = call_list('HMGET', env_key(V, 'config'), fields)
+  local env = env_config(X, V, env_id, raw)
+  local by_name = {}
+  for i, name in ipairs(queues) do
+    by_name[name] = queue_config(X, env, name, raw, #ENV_OPTIONS + (i - 1) * #QUEUE_OPTIONS)
+  end
+  return env, by_name
+end
+
+-- Whether any of the queues uses the fair order.
+local function any_fair(by_name)
+  for _, q in pairs(by_name) do
+    if q.order == 'fair' then return true end
+  end
+  return false
+end

@@ -1,0 +1,168 @@
+-- counters.lua: the lazy Queued/Running counters of a base queue.
+--   B:ckqueued  runs queued across all variants
+--   B:ckrunning runs in flight across all variants
+--   B:trunning  runs in flight per named tenant (HASH)
+-- A script collects its deltas and applies them once at the end (counters_flush). A
+-- counter that is missing (never seeded, or expired: its TTL, COUNTER_TTL, bounds any
+-- drift) is seeded from the truth: when a script reads it, before that script's changes;
+-- when a script only moves it, after them (the truth then already includes them).
+-- Decrements floor at 0.
+--@require state
+
+local function queued_truth(B)
+  local total = 0
+  for _, ck in ipairs(redis.call('ZRANGE', queue_key(B, 'ck_index'), 0, -1)) do
+    total = total + redis.call('ZCARD', variant_key(B, ck, 'queued'))
+  end
+  return total
+end
+
+-- Keyed runs of `queue` holding a slot, and slot holders per named tenant: read from
+-- the environment's in-flight set (bounded by its concurrency limit).
+local function running_truth(tag, V, env_id, queue)
+  local keyed, tenants = 0, {}
+  for _, run in ipairs(redis.call('SMEMBERS', env_key(V, 'inflight'))) do
+    local f = redis.call('HMGET', run_key(tag, env_id .. ':' .. run), 'q', 'k', 'ta')
+    if f[1] == queue then
+      if f[2] and f[2] ~= '' then keyed = keyed + 1 end
+      if f[3] and f[3] ~= '' then tenants[f[3]] = (tenants[f[3]] or 0) + 1 end
+    end
+  end
+  return keyed, tenants
+end
+
+local function counter_seeds(X, B, V, env_id, queue)
+  return {
+    [queue_key(B, 'ck_queued_counter')] = function() return queued_truth(B) end,
+    [queue_key(B, 'ck_running_counter')] = function()
+      local keyed = running_truth(X.tag, V, env_id, queue)
+      return keyed
+    end,
+  }
+end
+
+-- The counter's value now (seeded from the truth when the key is missing).
+local function counter_get(X, key, seed)
+  local v = X.cval[key]
+  if v ~= nil then return v end
+  local raw = redis.call('GET', key)
+  if raw then
+    v = tonumber(raw) + (X.cdelta[key] or 0)
+  else
+    v = seed() -- nothing of this script is applied yet: cdelta is still pending
+    redis.call('SET', key, v, 'EX', X.C.counter_ttl)
+    v = v + (X.cdelta[key] or 0)
+  end
+  if v < 0 then v = 0 end
+  X.cval[key] = v
+  X.cseed[key] = seed
+  return v
+end
+
+local function counter_add(X, key, delta, seed)
+  X.cdelta[key] = (X.cdelta[key] or 0) + delta
+  X.cseed[key] = seed
+  if X.cval[key] ~= nil then X.cval[key] = math.max(0, X.cval[key] + delta) end
+end
+
+-- Queued / running across the variants of B (reads; seeds when missing).
+local function ck_queued(X, B, V, env_id, queue)
+  local key = queue_key(B, 'ck_queued_counter')
+  if X.cval[key] == nil and redis.call('EXISTS', queue_key(B, 'ck_index')) == 0
+      and (X.cdelta[key] or 0) == 0 then
+    return 0 -- a queue that never had a keyed run has no counter
+  end
+  return counter_get(X, key, counter_seeds(X, B, V, env_id, queue)[key])
+end
+
+local function ck_running(X, B, V, env_id, queue)
+  local key = queue_key(B, 'ck_running_counter')
+  return counter_get(X, key, counter_seeds(X, B, V, env_id, queue)[key])
+end
+
+local function ck_queued_add(X, B, V, env_id, queue, delta)
+  local key = queue_key(B, 'ck_queued_counter')
+  counter_add(X, key, delta, counter_seeds(X, B, V, env_id, queue)[key])
+end
+
+local function ck_running_add(X, B, V, env_id, queue, delta)
+  local key = queue_key(B, 'ck_running_counter')
+  counter_add(X, key, delta, counter_seeds(X, B, V, env_id, queue)[key])
+end
+
+-- Runs of a named tenant in flight in B.
+local function tenant_running_seed(X, B, V, env_id, queue)
+  local key = queue_key(B, 'tenant_running')
+  local _, tenants = running_truth(X.tag, V, env_id, queue)
+  redis.call('DEL', key)
+  local args = {'', 0} -- the empty field marks the hash as seeded even with no tenant
+  for tenant, n in pairs(tenants) do
+    args[#args + 1] = tenant
+    args[#args + 1] = n
+  end
+  redis.call('HSET', key, unpack(args))
+  redis.call('EXPIRE', key, X.C.counter_ttl)
+  return tenants
+end
+
+-- Slot holders of a named tenant in B now (pre-script value plus this script's deltas).
+local function tenant_running(X, B, V, env_id, queue, tenant)
+  local key = queue_key(B, 'tenant_running')
+  local base = X.trval[key]
+  if base == nil then
+    base = {}
+    X.trval[key] = base
+    if redis.call('EXISTS', key) == 0 then
+      for t, n in pairs(tenant_running_seed(X, B, V, env_id, queue)) do base[t] = n end
+      X.trseen[key] = true
+    end
+  end
+  local v = base[tenant]
+  if v == nil then
+    v = X.trseen[key] and 0 or tonumber(redis.call('HGET', key, tenant) or '0')
+    base[tenant] = v
+  end
+  local deltas = X.trdelta[key]
+  return math.max(0, v + (deltas and deltas[tenant] or 0))
+end
+
+local function tenant_running_add(X, B, V, env_id, queue, tenant, delta)
+  local key = queue_key(B, 'tenant_running')
+  local deltas = X.trdelta[key]
+  if deltas == nil then
+    deltas = {}
+    X.trdelta[key] = deltas
+    X.trseed = X.trseed or {}
+    X.trseed[key] = {B, V, env_id, queue}
+  end
+  deltas[tenant] = (deltas[tenant] or 0) + delta
+end
+
+local function counters_flush(X)
+  for key, delta in pairs(X.cdelta) do
+    if delta ~= 0 then
+      local v = redis.call('INCRBY', key, delta)
+      if v < 0 or (delta > 0 and v <= delta) then
+        if redis.call('TTL', key) == -1 then
+          -- it was missing: seed from the truth, which already holds this script's changes
+          redis.call('SET', key, X.cseed[key](), 'EX', X.C.counter_ttl)
+        elseif v < 0 then
+          redis.call('SET', key, 0, 'KEEPTTL')
+        end
+      end
+    end
+  end
+  for key, deltas in pairs(X.trdelta) do
+    local missing = redis.call('EXISTS', key) == 0
+    if missing then
+      local s = X.trseed[key]
+      tenant_running_seed(X, s[1], s[2], s[3], s[4])
+    else
+      for tenant, delta in pairs(deltas) do
+        if delta ~= 0 and redis.call('HINCRBY', key, tenant, delta) < 0 then
+          redis.call('HSET', key, tenant, 0)
+        end
+      end
+    end
+  end
+end

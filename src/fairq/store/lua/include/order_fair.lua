@@ -1,0 +1,785 @@
+-- order_fair.lua: the order hooks of the fair order: start-time fair queueing over the
+-- tenants of an environment, and inside a tenant over its keys.
+--
+-- State (see fairq/keys.py):
+--   V:tt      tenant -> virtual tag (next start tag); kept while it drains (parked credit)
+--   V:tfloor  the environment's virtual time: the start tag of the run most recently
+--             begun; never decreases; a tenant (re)joins at max(floor, its stored tag)
+--   B:tq      tenants with servable flows in queue B -> copy of their tag (a copy is
+--             never above the tag in V:tt; a stale copy is corrected when read)
+--   B:t:N:keys  only for a tenant that owns several flows in B: key -> tag inside it
+--   B:tkfloor tenant -> its keys' virtual time in B
+--   B:park / B:parkdue  tenants and keys taken out of B:tq / B:t:N:keys while gated by
+--             a cap (back when a slot frees) or by time (rate limit, future head: back
+--             when due), so gated work never fills the candidate window
+-- A "pair" is a tenant in one queue. A pair is simple when its only flow is the one
+-- whose default tenant it is (a key serving as its own tenant, or a queue's keyless
+-- runs): then the pair is the flow and needs no key set.
+-- Queues whose order is age are served by serve_age.lua even in this build.
+--@require state config runs claim gates serve_age
+
+-- ------------------------------------------------------------------ reading state
+
+-- Give a queue context read from a run its config (for hooks of run-based scripts).
+local function queue_conf(X, Q)
+  if Q.order ~= nil then return Q end
+  X.qconf = X.qconf or {}
+  local known = X.qconf[Q.B]
+  if known == nil then
+    local _, by_name = config_read(X, Q.V, Q.env_id, {Q.name})
+    known = by_name[Q.name]
+    X.qconf[Q.B] = known
+  end
+  for k, v in pairs(known) do Q[k] = v end
+  return Q
+end
+
+local function cached_exists(X, field, key)
+  X[field] = X[field] or {}
+  local v = X[field][key]
+  if v == nil then
+    v = redis.call('EXISTS', key) == 1
+    X[field][key] = v
+  end
+  return v
+end
+
+local function has_park(X, Q) return cached_exists(X, 'hpark', queue_key(Q.B, 'parked')) end
+local function has_parkdue(X, Q) return cached_exists(X, 'hparkdue', queue_key(Q.B, 'parked_due')) end
+
+local function tenant_floor(X, V)
+  X.tfloor = X.tfloor or {}
+  local f = X.tfloor[V]
+  if f == nil then
+    local raw = redis.call('GET', env_key(V, 'tenant_floor'))
+    local value
+    if raw then
+      value = tonumber(raw)
+    else
+      -- lost (expired or deleted) while tags remain: repair from the lowest stored tag
+      local low = redis.call('ZRANGE', env_key(V, 'tenant_tags'), 0, 0, 'WITHSCORES')
+      value = #low > 0 and tonumber(low[2]) or 0
+    end
+    f = {value = value, stored = raw ~= false and raw ~= nil, dirty = not raw}
+    X.tfloor[V] = f
+  end
+  return f.value
+end
+
+local function tenant_floor_raise(X, V, value)
+  local f = X.tfloor[V]
+  if value > f.value then
+    f.value = value
+    f.dirty = true
+  end
+end
+
+-- A tenant's weight: its own (V:tw), else, for a key serving as its own tenant, the
+-- key's weight in this queue (B:ckweights), else 1.
+local function tenant_weights(X, V, Q, tenants, simple_keys)
+  local out = {}
+  if cached_exists(X, 'htw', env_key(V, 'tenant_weights')) and #tenants > 0 then
+    local raw = call_list('HMGET', env_key(V, 'tenant_weights'), tenants)
+    for i, t in ipairs(tenants) do out[t] = tonumber(raw[i]) end
+  end
+  if Q ~= nil and #simple_keys > 0 and cached_exists(X, 'hkw', queue_key(Q.B, 'key_weights')) then
+    local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), simple_keys)
+    for i, k in ipairs(simple_keys) do
+      if out[k] == nil then out[k] = tonumber(raw[i]) end
+    end
+  end
+  return out
+end
+
+local function key_weight(X, Q, flow)
+  if flow == KEYLESS_FLOW or not cached_exists(X, 'hkw', queue_key(Q.B, 'key_weights')) then
+    return 1
+  end
+  return tonumber(redis.call('HGET', queue_key(Q.B, 'key_weights'), flow)) or 1
+end
+
+-- ------------------------------------------------------------------ joining
+
+-- Where a tenant (re)joins: max(floor, its stored tag); a tenant never seen joins at
+-- the floor, so a newcomer is served within one round of the tenants.
+local function tenant_join(X, V, tenant)
+  local floor = tenant_floor(X, V)
+  local stored = tonumber(redis.call('ZSCORE', env_key(V, 'tenant_tags'), tenant))
+  if stored ~= nil and stored > floor then return stored end
+  return floor
+end
+
+local function key_floor(X, Q, tenant, keys_key)
+  X.kfloor = X.kfloor or {}
+  local id = Q.B .. '|' .. tenant
+  local f = X.kfloor[id]
+  if f == nil then
+    local raw = redis.call('HGET', queue_key(Q.B, 'key_floors'), tenant)
+    local value = tonumber(raw)
+    if value == nil then
+      local low = redis.call('ZRANGE', keys_key, 0, 0, 'WITHSCORES')
+      value = #low > 0 and tonumber(low[2]) or 0
+    end
+    f = {value = value, dirty = raw == false or raw == nil}
+    X.kfloor[id] = f
+  end
+  return f
+end
+
+-- Where a key new to its tenant starts: the tenant's key floor ('floor'), or one quantum
+-- behind the tenant's highest key, at most arrival_cap above the floor ('behind_leader').
+local function key_join(X, Q, tenant, keys_key)
+  local floor = key_floor(X, Q, tenant, keys_key).value
+  if Q.join == 'behind_leader' then
+    local top = redis.call('ZRANGE', keys_key, -1, -1, 'WITHSCORES')
+    if #top > 0 and tonumber(top[2]) > floor then
+      return math.min(tonumber(top[2]) + Q.quantum, floor + Q.arrival_cap)
+    end
+  end
+  return floor
+end
+
+local function is_parked(X, Q, member)
+  if not has_park(X, Q) then return false end
+  return redis.call('HEXISTS', queue_key(Q.B, 'parked'), member) == 1
+end
+
+-- Register a tenant in queue Q (no-op when it is there or parked).
+local function register_pair(X, Q, tenant)
+  local tq = queue_key(Q.B, 'ready_tenants')
+  if redis.call('ZSCORE', tq, tenant) then return end
+  if is_parked(X, Q, 't:' .. tenant) then return end
+  redis.call('ZADD', tq, tenant_join(X, Q.V, tenant), tenant)
+  redis.call('EXPIRE', tq, X.C.state_ttl)
+end
+
+-- Register a key inside its (named) tenant in queue Q.
+local function register_key(X, Q, tenant, flow)
+  local kk = tenant_key(Q.B, tenant, 'keys')
+  if redis.call('ZSCORE', kk, flow) then return end
+  if is_parked(X, Q, 'k:' .. flow) then return end
+  if redis.call('EXISTS', kk) == 0 and tenant ~= flow
+      and redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), tenant)
+      and redis.call('ZSCORE', queue_key(Q.B, 'ck_index'), tenant)
+      and not redis.call('HGET', queue_key(Q.B, 'flow_tenants'), tenant) then
+    -- the tenant was a key serving as its own tenant here: that key joins its key set
+    redis.call('ZADD', kk, key_floor(X, Q, tenant, kk).value, tenant)
+  end
+  redis.call('ZADD', kk, key_join(X, Q, tenant, kk), flow)
+  redis.call('EXPIRE', kk, X.C.state_ttl)
+end
+
+-- ------------------------------------------------------------------ parking
+
+local function park(X, Q, member, tag, due)
+  redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. tag)
+  X.hpark = X.hpark or {}
+  X.hpark[queue_key(Q.B, 'parked')] = true
+  if due then
+    redis.call('ZADD', queue_key(Q.B, 'parked_due'), due, member)
+    X.hparkdue = X.hparkdue or {}
+    X.hparkdue[queue_key(Q.B, 'parked_due')] = true
+  end
+  X.parked_now = true
+end
+
+local function park_pair(X, Q, tenant, tag, due)
+  redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant)
+  park(X, Q, 't:' .. tenant, tag, due)
+end
+
+-- Returns whether the tenant's key set became empty (the tenant left B:tq with it).
+local function park_key(X, Q, tenant, flow, tag, due)
+  local kk = tenant_key(Q.B, tenant, 'keys')
+  redis.call('ZREM', kk, flow)
+  park(X, Q, 'k:' .. flow, tag, due)
+  if redis.call('ZCARD', kk) == 0 then
+    redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant)
+    return true
+  end
+  return false
+end
+
+local function unpark(X, Q, member, value)
+  local tag = tonumber(string.sub(value, 3)) or 0
+  local kind, name = string.sub(member, 1, 1), string.sub(member, 3)
+  if kind == 't' then
+    redis.call('ZADD', queue_key(Q.B, 'ready_tenants'), 'NX', tag, name)
+    redis.call('EXPIRE', queue_key(Q.B, 'ready_tenants'), X.C.state_ttl)
+  else
+    local named = redis.call('HGET', queue_key(Q.B, 'flow_tenants'), name)
+    local tenant = named or default_tenant(Q.name, name)
+    if named then
+      local kk = tenant_key(Q.B, tenant, 'keys')
+      redis.call('ZADD', kk, 'NX', tag, name)
+      redis.call('EXPIRE', kk, X.C.state_ttl)
+    end
+    redis.call('HDEL', queue_key(Q.B, 'parked'), member)
+    register_pair(X, Q, tenant)
+  end
+  redis.call('HDEL', queue_key(Q.B, 'parked'), member)
+  if string.sub(value, 1, 1) == 'd' then redis.call('ZREM', queue_key(Q.B, 'parked_due'), member) end
+end
+
+-- Time-gated tenants and keys whose time has come go back into the order.
+local function promote_due(X, Q)
+  if not has_parkdue(X, Q) then return end
+  local due = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'parked_due'), '-inf', X.now, 'LIMIT', 0, 64)
+  if #due == 0 then return end
+  local values = call_list('HMGET', queue_key(Q.B, 'parked'), due)
+  for i, member in ipairs(due) do
+    if values[i] then
+      unpark(X, Q, member, values[i])
+    else
+      redis.call('ZREM', queue_key(Q.B, 'parked_due'), member)
+    end
+  end
+end
+
+-- ------------------------------------------------------------------ hooks
+
+-- A flow got queued runs: a new flow is registered under its tenant; an existing one
+-- whose head moved earlier may come back from a time gate sooner.
+HOOK.flow_queued = function(X, Q, flow, score, tenant, is_new)
+  queue_conf(X, Q)
+  if Q.order ~= 'fair' then return end
+  local default = default_tenant(Q.name, flow)
+  if not is_new then
+    if has_parkdue(X, Q) then
+      local due = queue_key(Q.B, 'parked_due')
+      redis.call('ZADD', due, 'XX', 'LT', score, 'k:' .. flow)
+      redis.call('ZADD', due, 'XX', 'LT', score, 't:' .. default)
+    end
+    return
+  end
+  if tenant == '' or tenant == default then
+    register_pair(X, Q, default)
+  else
+    register_key(X, Q, tenant, flow)
+    register_pair(X, Q, tenant)
+  end
+end
+
+-- A slot of `flow` (counted under named tenant `ta`, '' = none) was freed: what its
+-- cap held back may compete again.
+HOOK.slot_freed = function(X, Q, flow, ta)
+  if not has_park(X, Q) then return end
+  local tenant = (ta ~= nil and ta ~= '') and ta or default_tenant(Q.name, flow)
+  local members = {'k:' .. flow, 't:' .. tenant}
+  local values = redis.call('HMGET', queue_key(Q.B, 'parked'), members[1], members[2])
+  for i, member in ipairs(members) do
+    if values[i] and string.sub(values[i], 1, 1) == 'c' then unpark(X, Q, member, values[i]) end
+  end
+end
+
+-- Charging by run time: the dequeue charged one quantum; correct by what the run took.
+HOOK.charge = function(X, Q, flow, ta, duration_ms)
+  if duration_ms == nil then return end
+  queue_conf(X, Q)
+  if Q.order ~= 'fair' or Q.charge ~= 'duration' then return end
+  local tenant = (ta ~= nil and ta ~= '') and ta or default_tenant(Q.name, flow)
+  local delta = (duration_ms / X.C.charge_unit_ms - 1) * Q.quantum
+  if delta == 0 then return end
+  local simple = {}
+  if tenant == flow then simple = {flow} end
+  local weight = tenant_weights(X, Q.V, Q, {tenant}, simple)[tenant] or 1
+  local tt = env_key(Q.V, 'tenant_tags')
+  local tag = tonumber(redis.call('ZSCORE', tt, tenant))
+  if tag ~= nil then
+    tag = tag + delta / weight
+    redis.call('ZADD', tt, tag, tenant)
+    redis.call('ZADD', queue_key(Q.B, 'ready_tenants'), 'XX', tag, tenant)
+  end
+  if tenant ~= default_tenant(Q.name, flow) then
+    local kk = tenant_key(Q.B, tenant, 'keys')
+    local ktag = tonumber(redis.call('ZSCORE', kk, flow))
+    if ktag ~= nil then
+      redis.call('ZADD', kk, 'XX', ktag + delta / key_weight(X, Q, flow), flow)
+    end
+  end
+end
+
+HOOK.finish = function(X) end
+
+HOOK.needs_fair = function(by_name) return false end
+
+-- ------------------------------------------------------------------ the fair serve
+
+-- Pairs compare by their tenant's tag, then the longest-waiting head they are known to
+-- hold (discovery), then names (only to break a tie of equal heads).
+local function pair_better(a, b)
+  if b == nil then return true end
+  if a.ten.tag ~= b.ten.tag then return a.ten.tag < b.ten.tag end
+  if a.tie ~= b.tie then return a.tie < b.tie end
+  if a.T ~= b.T then return a.T < b.T end
+  return a.Q.name < b.Q.name
+end
+
+local function key_better(a, b)
+  if b == nil then return true end
+  if a.tag ~= b.tag then return a.tag < b.tag end
+  if a.tie ~= b.tie then return a.tie < b.tie end
+  return a.flow < b.flow
+end
+
+local function has_named(X, Q)
+  flow_tenants(X, Q, {})
+  return X.has_ftenant[Q.B]
+end
+
+-- The fair queues of one environment, served in one SFQ order over (tenant, queue)
+-- pairs. `heads` maps a queue name to its ready keyless head (or nil).
+local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
+  local V = env.V
+  local floor = tenant_floor(X, V)
+  local by_id, plist = {}, {}
+  local ten = {}       -- tenant -> {tag, weight, pairs, touched}
+  local qdone = {}
+  local served = 0
+  local served_of = {} -- B|flow -> runs served this call
+  local keysets = {}   -- B|T -> {Q, T, keys, kf}
+  local lenders = {}
+
+  local function pair_of(Q, T, copy)
+    local id = T .. '|' .. Q.name
+    local p = by_id[id]
+    if p == nil then
+      p = {id = id, Q = Q, T = T, copy = copy, tie = math.huge, disc = {}, active = true}
+      by_id[id] = p
+      plist[#plist + 1] = p
+    end
+    return p
+  end
+
+  -- Give new pairs their tenant record: authoritative tag (V:tt, else the copy; never
+  -- below the floor) and weight.
+  local function attach_tenants(first)
+    local names, seen = {}, {}
+    for i = first, #plist do
+      local p = plist[i]
+      if ten[p.T] == nil and not seen[p.T] then
+        seen[p.T] = true
+        names[#names + 1] = p.T
+      end
+    end
+    if #names > 0 then
+      local auth = call_list('ZMSCORE', env_key(V, 'tenant_tags'), names)
+      local weights = tenant_weights(X, V, nil, names, {})
+      for i, T in ipairs(names) do
+        ten[T] = {tag = tonumber(auth[i]), weight = weights[T], pairs = {}}
+      end
+    end
+    -- a key serving as its own tenant: its weight in the queue is the tenant's
+    local by_queue = {}
+    for i = first, #plist do
+      local p = plist[i]
+      local t = ten[p.T]
+      if t.weight == nil and string.sub(p.T, 1, 1) ~= '/' then
+        local list = by_queue[p.Q.B] or {Q = p.Q, keys = {}}
+        by_queue[p.Q.B] = list
+        list.keys[#list.keys + 1] = p.T
+      end
+    end
+    for _, list in pairs(by_queue) do
+      local w = tenant_weights(X, V, list.Q, {}, list.keys)
+      for _, k in ipairs(list.keys) do
+        if ten[k].weight == nil then ten[k].weight = w[k] end
+      end
+    end
+    for i = first, #plist do
+      local p = plist[i]
+      local t = ten[p.T]
+      if t.tag == nil then t.tag = p.copy end
+      if t.tag < floor then t.tag = floor end
+      if t.weight == nil then t.weight = 1 end
+      p.ten = t
+      table.insert(t.pairs, p)
+    end
+  end
+
+  -- Gather one round of candidates; returns how many new pairs it found.
+  local function gather()
+    local before = #plist
+    for _, Q in ipairs(queues) do
+      if not qdone[Q.B] and not Q.paused then
+        if total_room(X, Q) <= 0 then
+          R.gated = true
+          qdone[Q.B] = true
+        elseif Q.rate then
+          local whole, at = bucket_peek(X, bucket(X, Q, 'q', Q.rate, Q.rate_burst))
+          if whole <= 0 then
+            wait_until(R, at)
+            qdone[Q.B] = true
+          end
+        end
+      end
+      if not qdone[Q.B] and not Q.paused then
+        promote_due(X, Q)
+        local width = budget * Q.window
+        local win = redis.call('ZRANGE', queue_key(Q.B, 'ready_tenants'), 0, width - 1, 'WITHSCORES')
+        for i = 1, #win, 2 do pair_of(Q, win[i], tonumber(win[i + 1])) end
+        -- discovery: the longest-waiting ready heads are always candidates (whatever their
+        -- names), and a flow nothing registered (cold start, an age-order enqueue) is
+        -- registered here, by the join rules
+        local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
+          'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * budget))
+        local flows, found = {}, {}
+        for i = 1, #disc, 2 do
+          flows[#flows + 1] = disc[i]
+          found[disc[i]] = tonumber(disc[i + 1])
+        end
+        if heads[Q.name] ~= nil then
+          flows[#flows + 1] = KEYLESS_FLOW
+          found[KEYLESS_FLOW] = heads[Q.name]
+        end
+        local named = flow_tenants(X, Q, flows)
+        local unknown, unknown_flows = {}, {}
+        for _, flow in ipairs(flows) do
+          local T = named[flow] or default_tenant(Q.name, flow)
+          local p = by_id[T .. '|' .. Q.name]
+          if p == nil then
+            unknown[#unknown + 1] = T
+            unknown_flows[#unknown_flows + 1] = flow
+          else
+            p.disc[flow] = found[flow]
+            if found[flow] < p.tie then p.tie = found[flow] end
+          end
+        end
+        if #unknown > 0 then
+          local scores = call_list('ZMSCORE', queue_key(Q.B, 'ready_tenants'), unknown)
+          for i, T in ipairs(unknown) do
+            local flow = unknown_flows[i]
+            local score = tonumber(scores[i])
+            if score == nil and not is_parked(X, Q, 'k:' .. flow)
+                and not is_parked(X, Q, 't:' .. T) then
+              if named[flow] then register_key(X, Q, T, flow) end
+              register_pair(X, Q, T)
+              score = tonumber(redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), T))
+            end
+            if score ~= nil then
+              local p = pair_of(Q, T, score)
+              p.disc[flow] = found[flow]
+              if found[flow] < p.tie then p.tie = found[flow] end
+            end
+          end
+        end
+      end
+    end
+    if #plist > before then attach_tenants(before + 1) end
+    return #plist - before
+  end
+
+  -- The flows of a pair (loaded on first use): simple, or its key set.
+  local function load_keys(p)
+    if p.keys ~= nil or p.simple then return end
+    local Q = p.Q
+    local kk = tenant_key(Q.B, p.T, 'keys')
+    local entries = {}
+    if has_named(X, Q) then entries = redis.call('ZRANGE', kk, 0, budget + 8, 'WITHSCORES') end
+    if #entries == 0 then
+      p.simple = true
+      return
+    end
+    local kf = key_floor(X, Q, p.T, kk)
+    p.keys, p.kf = {}, kf
+    local listed = {}
+    for i = 1, #entries, 2 do
+      local flow = entries[i]
+      listed[flow] = true
+      local tag = math.max(tonumber(entries[i + 1]), kf.value)
+      table.insert(p.keys, {flow = flow, tag = tag, tie = p.disc[flow] or math.huge,
+        active = true, weight = key_weight(X, Q, flow)})
+    end
+    for flow, head in pairs(p.disc) do
+      if not listed[flow] then
+        -- a discovered key of this tenant its key set does not list yet
+        register_key(X, Q, p.T, flow)
+        local tag = tonumber(redis.call('ZSCORE', kk, flow))
+        if tag ~= nil then
+          table.insert(p.keys, {flow = flow, tag = math.max(tag, kf.value), tie = head,
+            active = true, weight = key_weight(X, Q, flow)})
+        end
+      end
+    end
+    keysets[Q.B .. '|' .. p.T] = {Q = Q, T = p.T, keys = p.keys, kf = kf}
+  end
+
+  local function best_key(p)
+    local best, second = nil, nil
+    for _, k in ipairs(p.keys) do
+      if k.active then
+        if key_better(k, best) then
+          second = best
+          best = k
+        elseif key_better(k, second) then
+          second = k
+        end
+      end
+    end
+    return best, second
+  end
+
+  local function drop_pair(p)
+    p.active = false
+    p.dropped = true
+    redis.call('ZREM', queue_key(p.Q.B, 'ready_tenants'), p.T)
+  end
+
+  -- Serve `got` runs just claimed for pair p (and key kc): advance the tags.
+  local function advance(p, kc, got)
+    local step = p.Q.quantum / p.ten.weight
+    local start = p.ten.tag
+    if start + (got - 1) * step > floor then floor = start + (got - 1) * step end
+    p.ten.tag = start + got * step
+    p.ten.touched = true
+    p.touched = true
+    if kc ~= nil then
+      local kstep = p.Q.quantum / kc.weight
+      local klast = kc.tag + (got - 1) * kstep
+      if klast > p.kf.value then
+        p.kf.value = klast
+        p.kf.dirty = true
+      end
+      kc.tag = kc.tag + got * kstep
+      kc.touched = true
+    end
+  end
+
+  -- The SFQ loop over the active pairs.
+  local function serve_pairs()
+    while served < budget do
+      local p = nil
+      for _, c in ipairs(plist) do
+        if c.active and not qdone[c.Q.B] and pair_better(c, p) then p = c end
+      end
+      if p == nil then break end
+      local second = nil
+      for _, c in ipairs(plist) do
+        if c.active and not qdone[c.Q.B] and c.T ~= p.T and pair_better(c, second) then
+          second = c
+        end
+      end
+      local Q = p.Q
+      load_keys(p)
+      local flow, kc, kc2
+      if p.simple then
+        flow = string.sub(p.T, 1, 1) == '/' and KEYLESS_FLOW or p.T
+      else
+        kc, kc2 = best_key(p)
+        if kc ~= nil then flow = kc.flow end
+      end
+      if flow == nil then
+        -- nothing left in this pair in this call (drained, or every key held back)
+        p.active = false
+      else
+        local named = p.T ~= default_tenant(Q.name, flow)
+        local per_key = Q.max_per_key or budget
+        local sid = Q.B .. '|' .. flow
+        local take, buckets, why, next_at = flow_allowance(X, Q, flow, p.T, named,
+          math.min(budget - served, per_key - (served_of[sid] or 0)), R, false)
+        if take <= 0 then
+          if why == 'total' or why == 'rate:queue' then
+            qdone[Q.B] = true
+          elseif why == 'key' and not p.simple then
+            kc.active = false
+            park_key(X, Q, p.T, flow, kc.tag, nil)
+            if Q.borrow then lenders[#lenders + 1] = {p = p, flow = flow, kc = kc} end
+          elseif why == 'key' or why == 'tenant' then
+            p.active = false
+            park_pair(X, Q, p.T, p.ten.tag, nil)
+            if Q.borrow then lenders[#lenders + 1] = {p = p, flow = flow, kc = kc} end
+          elseif why == 'rate:tenant' or (why == 'rate:key' and p.simple) then
+            p.active = false
+            park_pair(X, Q, p.T, p.ten.tag, next_at)
+          elseif why == 'rate:key' then
+            kc.active = false
+            park_key(X, Q, p.T, flow, kc.tag, next_at)
+          elseif kc ~= nil then
+            kc.active = false -- this key had its share of the call (max_per_key)
+          else
+            p.active = false
+          end
+        else
+          -- SFQ inside the call: serve this pair while its start tag stays below the
+          -- next tenant's (a tie is settled by the next pick, with the new heads)
+          local run = take
+          local step = Q.quantum / p.ten.weight
+          if second ~= nil then
+            local k = math.max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
+            if k < run then run = k end
+          end
+          if kc ~= nil and kc2 ~= nil then
+            local kstep = Q.quantum / kc.weight
+            local k = math.max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
+            if k < run then run = k end
+          end
+          local got, head = claim(X, Q, flow, run, lease_ms, named and p.T or '', out)
+          took(X, Q, flow, buckets, got)
+          if got > 0 then
+            served = served + got
+            served_of[sid] = (served_of[sid] or 0) + got
+            advance(p, kc, got)
+            -- its new head competes from now on
+            if kc ~= nil then
+              kc.tie = head or math.huge
+              p.tie = math.huge
+              for _, k in ipairs(p.keys) do
+                if k.active and k ~= kc and k.tie < p.tie then p.tie = k.tie end
+              end
+              if kc.tie < p.tie then p.tie = kc.tie end
+            else
+              p.tie = head or math.huge
+            end
+          end
+          if head == nil then
+            -- the flow drained
+            if kc ~= nil then
+              kc.active = false
+              kc.drained = true
+              local kk = tenant_key(Q.B, p.T, 'keys')
+              redis.call('ZREM', kk, flow)
+              if redis.call('ZCARD', kk) == 0 then drop_pair(p) end
+            else
+              drop_pair(p)
+            end
+          elseif head > X.now then
+            -- only future runs left: out of the order until they are due
+            wait_until(R, head)
+            if kc ~= nil then
+              kc.active = false
+              park_key(X, Q, p.T, flow, kc.tag, head)
+            else
+              p.active = false
+              park_pair(X, Q, p.T, p.ten.tag, head)
+            end
+          elseif got == 0 then
+            if kc ~= nil then kc.active = false else p.active = false end
+          end
+        end
+      end
+    end
+  end
+
+  for round = 1, 3 do -- bounded: a round that parks gated candidates may uncover others
+    X.parked_now = false
+    if gather() == 0 and round > 1 then break end
+    serve_pairs()
+    if served >= budget or not X.parked_now then break end
+  end
+
+  -- borrowing: capped keys and tenants may take slots nobody else of the queue can use
+  for _, l in ipairs(lenders) do
+    if served >= budget then break end
+    local p, flow = l.p, l.flow
+    local Q = p.Q
+    local named = p.T ~= default_tenant(Q.name, flow)
+    local take, buckets = flow_allowance(X, Q, flow, p.T, named, budget - served, R, true)
+    if take > 0 then
+      local got = claim(X, Q, flow, take, lease_ms, named and p.T or '', out)
+      took(X, Q, flow, buckets, got)
+      if got > 0 then
+        served = served + got
+        advance(p, l.kc, got)
+      end
+    end
+  end
+
+  -- write the tags back: V:tt (authoritative), the copies in B:tq, key sets, floors
+  local tt_args, by_queue = {}, {}
+  for T, t in pairs(ten) do
+    if t.touched then
+      tt_args[#tt_args + 1] = t.tag
+      tt_args[#tt_args + 1] = T
+    end
+  end
+  if #tt_args > 0 then
+    call_chunked('ZADD', env_key(V, 'tenant_tags'), tt_args)
+    redis.call('EXPIRE', env_key(V, 'tenant_tags'), X.C.state_ttl)
+  end
+  for _, p in ipairs(plist) do
+    if p.ten.touched and not p.dropped then
+      local args = by_queue[p.Q.B] or {}
+      by_queue[p.Q.B] = args
+      args[#args + 1] = p.ten.tag
+      args[#args + 1] = p.T
+    end
+  end
+  for B, args in pairs(by_queue) do
+    call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
+    redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl)
+  end
+  for _, ks in pairs(keysets) do
+    local args = {}
+    for _, k in ipairs(ks.keys) do
+      if k.touched and not k.drained then
+        args[#args + 1] = k.tag
+        args[#args + 1] = k.flow
+      end
+    end
+    local kk = tenant_key(ks.Q.B, ks.T, 'keys')
+    if #args > 0 then
+      call_chunked('ZADD', kk, args, 'XX')
+      redis.call('EXPIRE', kk, X.C.state_ttl)
+    end
+    if ks.kf.dirty then
+      redis.call('HSET', queue_key(ks.Q.B, 'key_floors'), ks.T, ks.kf.value)
+      redis.call('EXPIRE', queue_key(ks.Q.B, 'key_floors'), X.C.state_ttl)
+    end
+  end
+  tenant_floor_raise(X, V, floor)
+  local f = X.tfloor[V]
+  if f.dirty or served > 0 then
+    redis.call('SET', env_key(V, 'tenant_floor'), f.value, 'EX', X.C.state_ttl)
+  end
+  return served
+end
+
+-- The environment's place in the fair order across the environments of its shard.
+local function env_charge(X, env, served)
+  if served <= 0 then return end
+  local etag, efloor = shard_key(X.tag, 'env_tags'), shard_key(X.tag, 'env_floor')
+  local floor = tonumber(redis.call('GET', efloor) or '0')
+  local tag = tonumber(redis.call('ZSCORE', etag, env.env_id) or floor)
+  if tag < floor then tag = floor end
+  local weight = tonumber(redis.call('HGET', shard_key(X.tag, 'env_weights'), env.env_id)) or 1
+  redis.call('ZADD', etag, tag + served / weight, env.env_id)
+  redis.call('EXPIRE', etag, X.C.state_ttl)
+  if tag > floor then redis.call('SET', efloor, tag, 'EX', X.C.state_ttl) end
+end
+
+-- Serve the ready heads of one environment: the fair queues together in one SFQ order
+-- (placed where their oldest head is), the age-order queues as in the age order.
+HOOK.serve = function(X, env, by_name, ready, budget, lease_ms, out, R)
+  local served, lenders = 0, {}
+  local fair, seen, heads = {}, {}, {}
+  for _, entry in ipairs(ready) do
+    local Q = by_name[entry.queue]
+    if Q.order == 'fair' then
+      if not seen[Q.name] then
+        seen[Q.name] = true
+        fair[#fair + 1] = Q
+      end
+      if entry.kind == KIND_QUEUE then heads[Q.name] = entry.score end
+    end
+  end
+  local fair_done = false
+  for _, entry in ipairs(ready) do
+    if served >= budget then break end
+    local Q = by_name[entry.queue]
+    if Q.order == 'fair' then
+      if not fair_done then
+        fair_done = true
+        served = served + fair_serve(X, env, fair, heads, budget - served, lease_ms, out, R)
+      end
+    elseif entry.kind == KIND_QUEUE then
+      served = served + serve_keyless(X, Q, budget - served, lease_ms, out, R)
+    else
+      served = served + serve_ck_age(X, Q, budget - served, lease_ms, out, R, lenders)
+    end
+  end
+  if served < budget and #lenders > 0 then
+    served = served + serve_borrowers(X, lenders, budget - served, lease_ms, out, R)
+  end
+  if fair_done then env_charge(X, env, served) end
+  return served
+end

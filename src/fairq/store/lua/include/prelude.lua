@@ -1,0 +1,111 @@
+-- prelude.lua: argument checks. Every script checks all of its arguments with these
+-- before its first write, so a refused argument (FQ2 -> fairq.errors.InvalidLimitError)
+-- can never leave a change half applied.
+
+--- Unlimited, as a number.
+local UNLIMITED = 1000000000
+--- The largest time a script accepts (ms): the year 10000.
+local MAX_TIME_MS = 253402300800000
+
+local function fail(what)
+  error({err = 'FQ2 ' .. what})
+end
+
+-- A finite number in [low, high].
+local function arg_num(value, name, low, high)
+  local n = tonumber(value)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge
+      or (low ~= nil and n < low) or (high ~= nil and n > high) then
+    fail(name .. ' must be a number in ' .. tostring(low) .. '..' .. tostring(high))
+  end
+  return n
+end
+
+-- An integer in [low, high].
+local function arg_int(value, name, low, high)
+  local n = arg_num(value, name, low, high)
+  if n ~= math.floor(n) then fail(name .. ' must be an integer') end
+  return n
+end
+
+-- A string of 1..max_len bytes without ':' (a name fairq built or validated).
+local function arg_name(value, name, max_len)
+  if type(value) ~= 'string' or #value == 0 or #value > max_len or string.find(value, ':', 1, true) then
+    fail(name .. ' is not a valid name')
+  end
+  return value
+end
+
+-- One of the listed words.
+local function arg_word(value, name, words)
+  for _, w in ipairs(words) do
+    if value == w then return value end
+  end
+  fail(name .. ' must be one of ' .. table.concat(words, ', '))
+end
+
+-- An environment id: org:project:env.
+local function arg_env(value)
+  if type(value) ~= 'string' or not string.match(value, '^[^:]+:[^:]+:[^:]+$') then
+    fail('env id must be org:project:env')
+  end
+  return value
+end
+
+-- The env id and run id of a lease member (org:project:env:run).
+local function split_member(member)
+  local env_id, run = string.match(member, '^([^:]+:[^:]+:[^:]+):([^:]+)$')
+  return env_id, run
+end
+
+local function arg_member(value)
+  if type(value) ~= 'string' then fail('run member must be env:run') end
+  local env_id, run = split_member(value)
+  if env_id == nil then fail('run member must be org:project:env:run') end
+  return value
+end
+
+-- Pairs of ARGV from `first` on, checked: returns their count.
+local function arg_groups(first, size, what)
+  local extra = #ARGV - first + 1
+  if extra < 0 or extra % size ~= 0 then
+    fail(what .. ' arguments must come in groups of ' .. size)
+  end
+  return extra / size
+end
+
+-- redis.call on many members at once, chunked so no call passes Lua's unpack limit.
+local UNPACK_CHUNK = 4000
+local function call_chunked(command, key, items, ...)
+  local pre = {...}
+  local total = 0
+  for i = 1, #items, UNPACK_CHUNK do
+    local args = {}
+    for j = 1, #pre do args[#args + 1] = pre[j] end
+    for j = i, math.min(#items, i + UNPACK_CHUNK - 1) do args[#args + 1] = items[j] end
+    local got = redis.call(command, key, unpack(args))
+    if type(got) == 'number' then total = total + got end
+  end
+  return total
+end
+
+-- Like call_chunked for commands whose reply is a list (ZMSCORE, HMGET): concatenated.
+local function call_list(command, key, items)
+  local out = {}
+  for i = 1, #items, UNPACK_CHUNK do
+    local args = {}
+    for j = i, math.min(#items, i + UNPACK_CHUNK - 1) do args[#args + 1] = items[j] end
+    local got = redis.call(command, key, unpack(args))
+    for j = 1, #got do out[#out + 1] = got[j] end
+  end
+  return out
+end
+
+-- DEL many keys, chunked.
+local function del_keys(keys)
+  for i = 1, #keys, UNPACK_CHUNK do
+    local chunk = {}
+    for j = i, math.min(#keys, i + UNPACK_CHUNK - 1) do chunk[#chunk + 1] = keys[j] end
+    redis.call('DEL', unpack(chunk))
+  end
+end

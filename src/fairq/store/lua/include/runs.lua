@@ -1,0 +1,241 @@
+-- runs.lua: where a run lives, and the bookkeeping every state change shares.
+-- Message hash fields: q queue, k encoded concurrency key ('' = none), n tenant named at
+-- enqueue ('' = none), p payload, s score (ms), t enqueued at (ms), a attempts,
+-- d deliveries (the lease token), x TTL deadline (ms, 0 = none), st state ('queued' |
+-- 'running' | 'dlq'), l lease deadline (ms), ls lease start (ms), ta the named tenant
+-- whose slot count the run holds while running ('' = none), o 'keep' when a completed
+-- run's outcome must be kept even without a result, e error of the last failed attempt.
+-- A queue context Q is {name, env_id, V, B, ...} (see config.lua); a flow is a variant's
+-- encoded key, or KEYLESS_FLOW for the queue's keyless runs.
+--@require state counters
+
+--- How long one history bucket spans (ms), and how long buckets are kept (s).
+local HISTORY_BUCKET_MS = 10000
+local HISTORY_TTL_S = 3900
+--- Most fields one history bucket holds before new tenants are counted together.
+local HISTORY_MAX_FIELDS = 256
+
+local function flow_of(ck)
+  if ck == '' then return KEYLESS_FLOW end
+  return ck
+end
+
+-- The tenant a flow's runs belong to when none is named: its key, or, for keyless runs,
+-- the queue itself ('/<queue>': no encoded name starts with '/').
+local function default_tenant(queue, flow)
+  if flow == KEYLESS_FLOW then return '/' .. queue end
+  return flow
+end
+
+local function touch(X, Q, kind)
+  X.touched[Q.B .. '|' .. kind] = {Q.B, Q.env_id, Q.name, kind}
+end
+
+-- Put a heads-index member at `score` if it is new or older than its current head.
+-- Returns 'new', 'lower' or nil.
+local function heads_place(X, Q, kind, score)
+  local member = heads_member(kind, Q.env_id, Q.name)
+  local current = tonumber(redis.call('ZSCORE', X.heads, member))
+  if current == nil then
+    redis.call('ZADD', X.heads, score, member)
+    return 'new'
+  elseif score < current then
+    redis.call('ZADD', X.heads, score, member)
+    return 'lower'
+  end
+  return nil
+end
+
+local function heads_rebalance(X, B, env_id, queue, kind)
+  local head
+  if kind == KIND_CK then
+    head = redis.call('ZRANGE', queue_key(B, 'ck_index'), 0, 0, 'WITHSCORES')
+  else
+    head = redis.call('ZRANGE', queue_key(B, 'queued'), 0, 0, 'WITHSCORES')
+  end
+  local member = heads_member(kind, env_id, queue)
+  if #head == 0 then
+    redis.call('ZREM', X.heads, member)
+  else
+    redis.call('ZADD', X.heads, head[2], member)
+  end
+end
+
+-- Put a run (whose hash already says where it belongs) into its queue at `score`.
+-- `tenant` is the tenant its enqueue named ('' = none). Returns 1 if it was added.
+local function place_queued(X, Q, ck, run, score, tenant)
+  local flow = flow_of(ck)
+  if ck == '' then
+    local added = redis.call('ZADD', queue_key(Q.B, 'queued'), score, run)
+    local change = heads_place(X, Q, KIND_QUEUE, score)
+    if change then
+      X.wake = true
+      if change == 'new' and tenant ~= '' then
+        redis.call('HSET', queue_key(Q.B, 'flow_tenants'), flow, tenant)
+      end
+      HOOK.flow_queued(X, Q, flow, score, tenant, change == 'new')
+    end
+    return added
+  end
+  local added = redis.call('ZADD', variant_key(Q.B, ck, 'queued'), score, run)
+  if added == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, 1) end
+  local index = queue_key(Q.B, 'ck_index')
+  local head = tonumber(redis.call('ZSCORE', index, ck))
+  if head == nil or score < head then
+    redis.call('ZADD', index, score, ck)
+    if heads_place(X, Q, KIND_CK, score) then X.wake = true end
+    if head == nil and tenant ~= '' then
+      redis.call('HSET', queue_key(Q.B, 'flow_tenants'), flow, tenant)
+    end
+    HOOK.flow_queued(X, Q, flow, score, tenant, head == nil)
+  end
+  return added
+end
+
+-- Take a run out of its queue (it stays in its hash). Returns 1 if it was there.
+local function unqueue(X, Q, ck, run)
+  if ck == '' then
+    touch(X, Q, KIND_QUEUE)
+    return redis.call('ZREM', queue_key(Q.B, 'queued'), run)
+  end
+  local removed = redis.call('ZREM', variant_key(Q.B, ck, 'queued'), run)
+  if removed == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -1) end
+  return removed
+end
+
+-- Re-score a variant in the CK index from its head, or drop it when it drained.
+-- Returns the head score, or nil when the variant drained.
+local function variant_refresh(X, Q, ck)
+  touch(X, Q, KIND_CK)
+  local head = redis.call('ZRANGE', variant_key(Q.B, ck, 'queued'), 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    redis.call('ZREM', queue_key(Q.B, 'ck_index'), ck)
+    redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), ck)
+    return nil
+  end
+  redis.call('ZADD', queue_key(Q.B, 'ck_index'), head[2], ck)
+  return tonumber(head[2])
+end
+
+-- Free every slot a running run holds (its key's or the queue's, its tenant's, the
+-- environment's). `ta` is the named tenant it was counted under ('' = none).
+-- Returns 1 if it held a slot.
+local function free_slots(X, Q, ck, run, ta)
+  local removed
+  if ck == '' then
+    removed = redis.call('SREM', queue_key(Q.B, 'inflight'), run)
+  else
+    removed = redis.call('SREM', variant_key(Q.B, ck, 'inflight'), run)
+    if removed == 1 then ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, -1) end
+  end
+  if removed == 1 then
+    if ta ~= nil and ta ~= '' then tenant_running_add(X, Q.B, Q.V, Q.env_id, Q.name, ta, -1) end
+    local frees = X.env_free[Q.V] or {}
+    X.env_free[Q.V] = frees
+    frees[#frees + 1] = run
+    HOOK.slot_freed(X, Q, flow_of(ck), ta)
+  end
+  return removed
+end
+
+-- A queue context for a run read from its hash (scripts that start from a run).
+local function run_queue(X, env_id, queue)
+  local V = env_prefix(X.tag, env_id)
+  return {name = queue, env_id = env_id, V = V, B = queue_prefix(X.tag, env_id, queue)}
+end
+
+local function write_outcome(X, member, json)
+  redis.call('SET', outcome_key(X.tag, member), json, 'EX', X.C.outcome_ttl)
+end
+
+-- A finished run for the queue's recent list (newest first, bounded).
+local function recent_add(X, Q, run, status, attempts, started, ck, ta)
+  if (X.C.recent_runs or 0) <= 0 then return end
+  local list = X.recent[Q.B]
+  if list == nil then
+    list = {}
+    X.recent[Q.B] = list
+  end
+  list[#list + 1] = cjson.encode({
+    run = run, status = status, at = X.now, attempts = attempts,
+    duration_ms = started and (X.now - started) or cjson.null,
+    key = ck, tenant = ta or '',
+  })
+end
+
+-- Add to a counter of the queue's current history bucket.
+local function history_add(X, Q, field, n)
+  local bucket = math.floor(X.now / HISTORY_BUCKET_MS)
+  local id = Q.B .. '|' .. bucket
+  local h = X.history[id]
+  if h == nil then
+    h = {key = history_key(Q.B, bucket), fields = {}}
+    X.history[id] = h
+  end
+  h.fields[field] = (h.fields[field] or 0) + n
+end
+
+-- Report a queued run whose TTL passed before it was delivered, and forget it.
+local function expire_run(X, Q, ck, run, member, attempts)
+  redis.call('DEL', run_key(X.tag, member))
+  X.ttl_del[#X.ttl_del + 1] = member
+  write_outcome(X, member, cjson.encode({
+    status = 'expired', queue = Q.name, key = ck, attempts = attempts or 0,
+    finished_at = X.now,
+  }))
+  recent_add(X, Q, run, 'expired', attempts or 0, nil, ck, '')
+  history_add(X, Q, 'expired', 1)
+end
+
+-- Apply what the script collected: slots, leases, TTL index, counters, heads index,
+-- recent lists, history, and the wake-up hint. Call once, at the end.
+local function state_flush(X)
+  for V, runs in pairs(X.env_take) do call_chunked('SADD', env_key(V, 'inflight'), runs) end
+  for V, runs in pairs(X.env_free) do
+    call_chunked('SREM', env_key(V, 'inflight'), runs)
+    -- a consumer found ready work behind a limit: freed slots may let it go
+    if redis.call('DEL', env_key(V, 'gated')) == 1 then X.wake = true end
+  end
+  if #X.lease_add > 0 then call_chunked('ZADD', X.leases, X.lease_add) end
+  if #X.lease_del > 0 then call_chunked('ZREM', X.leases, X.lease_del) end
+  if #X.ttl_del > 0 then call_chunked('ZREM', X.ttl, X.ttl_del) end
+  counters_flush(X)
+  for _, t in pairs(X.touched) do heads_rebalance(X, t[1], t[2], t[3], t[4]) end
+  for B, entries in pairs(X.recent) do
+    local length = call_chunked('LPUSH', queue_key(B, 'recent'), entries)
+    local keep = X.C.recent_runs
+    if length > keep + math.max(16, math.floor(keep / 10)) then
+      redis.call('LTRIM', queue_key(B, 'recent'), 0, keep - 1)
+    end
+  end
+  for _, h in pairs(X.history) do
+    local names = {}
+    for field in pairs(h.fields) do names[#names + 1] = field end
+    names[#names + 1] = 't:~'
+    local old = redis.call('HMGET', h.key, unpack(names))
+    local fresh, new_tenant = true, false
+    for i = 1, #names do
+      if old[i] then fresh = false elseif string.sub(names[i], 1, 2) == 't:' then new_tenant = true end
+    end
+    -- bounded: once a bucket holds HISTORY_MAX_FIELDS fields, further tenants are
+    -- counted together under 't:~'
+    local full = new_tenant and not fresh and redis.call('HLEN', h.key) >= HISTORY_MAX_FIELDS
+    local args, overflow = {}, 0
+    for i = 1, #names - 1 do
+      local field, n = names[i], h.fields[names[i]]
+      if full and not old[i] and string.sub(field, 1, 2) == 't:' then
+        overflow = overflow + n
+      else
+        args[#args + 1] = field
+        args[#args + 1] = (tonumber(old[i]) or 0) + n
+      end
+    end
+    if overflow > 0 then
+      args[#args + 1] = 't:~'
+      args[#args + 1] = (tonumber(old[#names]) or 0) + overflow
+    end
+    redis.call('HSET', h.key, unpack(args))
+    if fresh then redis.call('EXPIRE', h.key, HISTORY_TTL_S) end
+  end
+  if X.wake then redis.call('PUBLISH', X.C.wake_channel, 'work') end
+end

@@ -1,0 +1,158 @@
+-- serve_age.lua: serving one queue in the age order (oldest ready head first), and the
+-- result every serve function reports into:
+--   R.gated  ready work was left behind a limit (a freed slot should wake consumers)
+--   R.wait   the earliest time (ms) something now held back becomes ready (or nil)
+--@require state config runs claim gates
+
+local function result_new()
+  return {gated = false, wait = nil}
+end
+
+local function wait_until(R, at)
+  if at ~= nil and (R.wait == nil or at < R.wait) then R.wait = at end
+end
+
+-- The named tenant of each listed flow of Q (false where none is recorded).
+local function flow_tenants(X, Q, flows)
+  local out = {}
+  X.has_ftenant = X.has_ftenant or {}
+  local present = X.has_ftenant[Q.B]
+  if present == nil then
+    present = redis.call('EXISTS', queue_key(Q.B, 'flow_tenants')) == 1
+    X.has_ftenant[Q.B] = present
+  end
+  if present and #flows > 0 then
+    local raw = call_list('HMGET', queue_key(Q.B, 'flow_tenants'), flows)
+    for i, flow in ipairs(flows) do out[flow] = raw[i] or false end
+  end
+  return out
+end
+
+-- How many runs of `flow` may start now (budget, caps, rates); also reports why not.
+-- Returns take, buckets; take <= 0 means held back (R updated).
+local function flow_allowance(X, Q, flow, tenant, named, budget, R, borrowing)
+  local total = total_room(X, Q)
+  if total <= 0 then
+    R.gated = true
+    return 0, nil, 'total'
+  end
+  local room, bound = flow_room(X, Q, flow, tenant, named)
+  if borrowing then room = math.huge end
+  if room <= 0 then
+    R.gated = true
+    return 0, nil, bound
+  end
+  local buckets = flow_buckets(X, Q, flow, tenant)
+  local rate, scope, next_at = rate_room(X, buckets)
+  if rate <= 0 then
+    wait_until(R, next_at)
+    return 0, buckets, 'rate:' .. scope, next_at
+  end
+  return math.min(budget, room, total, rate), buckets, nil
+end
+
+local function took(X, Q, flow, buckets, n)
+  if buckets then rate_take(buckets, n) end
+  flow_took(X, Q, flow, n)
+  queue_took(X, Q, n)
+end
+
+-- Keyless runs of Q, oldest first. Returns how many were served.
+local function serve_keyless(X, Q, budget, lease_ms, out, R)
+  if Q.paused then return 0 end
+  local named = flow_tenants(X, Q, {KEYLESS_FLOW})[KEYLESS_FLOW]
+  local tenant = named or default_tenant(Q.name, KEYLESS_FLOW)
+  local take, buckets = flow_allowance(X, Q, KEYLESS_FLOW, tenant, named ~= false and named ~= nil,
+    budget, R, false)
+  if take <= 0 then return 0 end
+  local got, head = claim(X, Q, KEYLESS_FLOW, take, lease_ms, named or '', out)
+  took(X, Q, KEYLESS_FLOW, buckets, got)
+  if head ~= nil and head > X.now then wait_until(R, head) end
+  return got
+end
+
+-- Serve a candidate list in age order: each candidate {flow, head, tenant, named,
+-- served}; the oldest head next, at most `per_key` runs each. Returns served.
+local function serve_candidates_age(X, Q, cands, budget, per_key, lease_ms, out, R, borrowing,
+    capped)
+  local served = 0
+  while served < budget do
+    local best, second = nil, nil
+    for _, c in ipairs(cands) do
+      if c.active then
+        if best == nil or c.head < best.head or (c.head == best.head and c.flow < best.flow) then
+          second = best
+          best = c
+        elseif second == nil or c.head < second.head
+            or (c.head == second.head and c.flow < second.flow) then
+          second = c
+        end
+      end
+    end
+    if best == nil then break end
+    local c = best
+    local take, buckets, why = flow_allowance(X, Q, c.flow, c.tenant, c.named,
+      math.min(budget - served, per_key - c.served), R, borrowing)
+    if take <= 0 then
+      c.active = false
+      if why == 'total' then break end
+      if (why == 'key' or why == 'tenant') and capped then capped[#capped + 1] = c end
+    else
+      -- claim only what is older than the next candidate's head (the age order, in one call)
+      local limit_score = second and second.head or nil
+      local got, head = claim(X, Q, c.flow, take, lease_ms, c.named and c.tenant or '', out,
+        limit_score, second and c.flow < second.flow)
+      took(X, Q, c.flow, buckets, got)
+      c.served = c.served + got
+      served = served + got
+      if got == 0 or head == nil or head > X.now or c.served >= per_key then
+        c.active = false
+        if head ~= nil and head > X.now then wait_until(R, head) end
+      else
+        c.head = head
+      end
+    end
+  end
+  return served
+end
+
+-- The keyed runs of Q in age order: the WINDOW x budget variants with the oldest ready
+-- heads, each served at most max_per_key times (default 1) per call. Keys held back by
+-- their cap are added to `lenders` when the queue lets capped keys borrow idle slots.
+local function serve_ck_age(X, Q, budget, lease_ms, out, R, lenders)
+  if Q.paused then return 0 end
+  local entries = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
+    'WITHSCORES', 'LIMIT', 0, budget * Q.window)
+  local flows = {}
+  for i = 1, #entries, 2 do flows[#flows + 1] = entries[i] end
+  local tenants = flow_tenants(X, Q, flows)
+  local cands = {}
+  for i = 1, #entries, 2 do
+    local flow = entries[i]
+    local named = tenants[flow]
+    cands[#cands + 1] = {flow = flow, head = tonumber(entries[i + 1]), served = 0, active = true,
+      tenant = named or flow, named = named and true or false}
+  end
+  local per_key = Q.max_per_key or 1
+  local capped = {}
+  local served = serve_candidates_age(X, Q, cands, budget, per_key, lease_ms, out, R, false,
+    capped)
+  if Q.borrow and #capped > 0 then
+    lenders[#lenders + 1] = {Q = Q, cands = capped, per_key = per_key}
+  end
+  return served
+end
+
+-- Borrowing: once every queue of the call had its turn and slots are still free, keys
+-- held back only by their own (borrowing) cap may take them. Never preempts: lent
+-- slots drain by themselves, and the next call serves contenders first.
+local function serve_borrowers(X, lenders, budget, lease_ms, out, R)
+  local served = 0
+  for _, l in ipairs(lenders) do
+    if served >= budget then break end
+    for _, c in ipairs(l.cands) do c.active = true end
+    served = served + serve_candidates_age(X, l.Q, l.cands, budget - served, l.per_key, lease_ms,
+      out, R, true, nil)
+  end
+  return served
+end

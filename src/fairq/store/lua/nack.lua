@@ -1,0 +1,78 @@
+--[[ nack.lua: give a leased run back: requeue it for a retry, or dead-letter it once its
+attempt count reaches max_attempts (only when the attempt counts). Frees its slots.
+Every argument is checked before anything is written.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
+    default_env_concurrency default_burst_factor default_queue_size_limit default_order
+    default_max_per_key default_quantum default_window default_join default_arrival_cap
+    default_charge
+  FIRST_ARG      lease member (org:project:env:run)
+  FIRST_ARG + 1  lease token
+  FIRST_ARG + 2  retry at (ms, absolute; '' = now + delay)
+  FIRST_ARG + 3  retry delay (ms)
+  FIRST_ARG + 4  count the attempt (1 / 0)
+  FIRST_ARG + 5  max attempts (1..1000)
+  FIRST_ARG + 6  the attempt's error (text, '' = none), kept with the run
+  FIRST_ARG + 7  outcome JSON to keep when it is dead-lettered ('' = none)
+Reply
+  {status, attempts}: REQUEUED, DEAD_LETTERED, UNKNOWN_RUN, LEASE_LOST
+]]
+--@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
+--@context default_env_concurrency default_burst_factor default_queue_size_limit
+--@context default_order default_max_per_key default_quantum default_window default_join
+--@context default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local tag = KEYS[1]
+local member = arg_member(ARGV[FIRST_ARG])
+local token = arg_int(ARGV[FIRST_ARG + 1], 'lease token', 0, 1e15)
+local delay = arg_int(ARGV[FIRST_ARG + 3], 'retry delay', 0, MAX_TIME_MS)
+local retry_at
+if ARGV[FIRST_ARG + 2] == '' then
+  retry_at = C.now + delay
+else
+  retry_at = arg_int(ARGV[FIRST_ARG + 2], 'retry_at_ms', 0, MAX_TIME_MS)
+end
+if retry_at > MAX_TIME_MS then fail('retry time out of range') end
+local increment = arg_int(ARGV[FIRST_ARG + 4], 'increment', 0, 1)
+local max_attempts = arg_int(ARGV[FIRST_ARG + 5], 'max_attempts', 1, 1000)
+local error_text = ARGV[FIRST_ARG + 6] or ''
+local outcome = ARGV[FIRST_ARG + 7] or ''
+
+local X = state_new(C, tag)
+local mkey = run_key(tag, member)
+local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ta', 'n', 'ls')
+if not f[1] then return {S.UNKNOWN_RUN, 0} end
+if f[3] ~= 'running' or tonumber(f[4]) ~= token then return {S.LEASE_LOST, 0} end
+local env_id, run = split_member(member)
+local Q = run_queue(X, env_id, f[1])
+local ck, ta = f[2], f[6] or ''
+local attempt = tonumber(f[5]) + increment
+free_slots(X, Q, ck, run, ta)
+X.lease_del[#X.lease_del + 1] = member
+local started = tonumber(f[8])
+if started then HOOK.charge(X, Q, flow_of(ck), ta, X.now - started) end
+local status
+if increment > 0 and attempt >= max_attempts then
+  -- dead letter: the hash stays for inspection and redrive
+  redis.call('HSET', mkey, 'a', attempt, 'st', 'dlq', 'l', X.now, 'e', error_text, 'ta', '')
+  redis.call('ZADD', env_key(Q.V, 'dlq'), X.now, run)
+  if outcome ~= '' then write_outcome(X, member, outcome) end
+  recent_add(X, Q, run, 'dead_lettered', attempt, started, ck, ta)
+  history_add(X, Q, 'dead_lettered', 1)
+  status = S.DEAD_LETTERED
+else
+  redis.call('HSET', mkey, 'a', attempt, 'st', 'queued', 's', retry_at, 'e', error_text, 'ta', '')
+  place_queued(X, Q, ck, run, retry_at, f[7] or '')
+  if increment > 0 then history_add(X, Q, 'retried', 1) end
+  status = S.REQUEUED
+end
+HOOK.finish(X)
+state_flush(X)
+return {status, attempt}

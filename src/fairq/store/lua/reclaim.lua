@@ -1,0 +1,46 @@
+--[[ reclaim.lua: requeue runs whose lease lapsed without a heartbeat (a lost consumer),
+on the script's clock. Each goes back to its queue at its old score with its slots
+freed; the attempt count is unchanged (at-least-once delivery). Maintenance: run on a
+timer, under the maintenance lock.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
+    default_burst_factor default_queue_size_limit default_order default_max_per_key
+    default_quantum default_window default_join default_arrival_cap default_charge
+  FIRST_ARG  batch size (1..10000)
+Reply
+  {OK, count requeued, lease member...}
+]]
+--@context now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
+--@context default_burst_factor default_queue_size_limit default_order default_max_per_key
+--@context default_quantum default_window default_join default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local tag = KEYS[1]
+local batch = arg_int(ARGV[FIRST_ARG], 'batch', 1, 10000)
+local X = state_new(C, tag)
+local lapsed = redis.call('ZRANGEBYSCORE', X.leases, '-inf', X.now, 'LIMIT', 0, batch)
+local reply = {S.OK, 0}
+for _, member in ipairs(lapsed) do
+  X.lease_del[#X.lease_del + 1] = member
+  local mkey = run_key(tag, member)
+  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 's', 'ta', 'n')
+  if f[1] and f[3] == 'running' then
+    local env_id, run = split_member(member)
+    local Q = run_queue(X, env_id, f[1])
+    free_slots(X, Q, f[2], run, f[5] or '')
+    redis.call('HSET', mkey, 'st', 'queued', 'ta', '')
+    place_queued(X, Q, f[2], run, tonumber(f[4]), f[6] or '')
+    reply[2] = reply[2] + 1
+    reply[#reply + 1] = member
+  end
+end
+if reply[2] > 0 then X.wake = true end
+HOOK.finish(X)
+state_flush(X)
+return reply

@@ -1,0 +1,37 @@
+--[[ redrive.lua: move a dead-lettered run back to its queue with attempt 0, ready now.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
+    default_burst_factor default_queue_size_limit default_order default_max_per_key
+    default_quantum default_window default_join default_arrival_cap default_charge
+  FIRST_ARG      env id
+  FIRST_ARG + 1  run id
+Reply
+  REDRIVEN, NOT_IN_DLQ
+]]
+--@context now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
+--@context default_burst_factor default_queue_size_limit default_order default_max_per_key
+--@context default_quantum default_window default_join default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local tag = KEYS[1]
+local env_id = arg_env(ARGV[FIRST_ARG])
+local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', 128)
+local X = state_new(C, tag)
+local member = env_id .. ':' .. run
+local mkey = run_key(tag, member)
+local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'n')
+if f[3] ~= 'dlq' then return S.NOT_IN_DLQ end
+local Q = run_queue(X, env_id, f[1])
+redis.call('ZREM', env_key(Q.V, 'dlq'), run)
+redis.call('HSET', mkey, 'a', 0, 'st', 'queued', 's', X.now)
+place_queued(X, Q, f[2], run, X.now, f[4] or '')
+X.wake = true
+HOOK.finish(X)
+state_flush(X)
+return S.REDRIVEN

@@ -1,0 +1,48 @@
+--[[ release.lua: free the concurrency slots of leased runs without finishing them
+(for example while a run waits on something external). The lease stays; a later ack,
+nack or lease expiry frees nothing twice.
+
+KEYS
+  1 T  shard tag {prefix.N}
+ARGV
+  context: now counter_ttl wake_channel recent_runs state_ttl default_env_concurrency
+    default_burst_factor default_queue_size_limit default_order default_max_per_key
+    default_quantum default_window default_join default_arrival_cap default_charge
+  then 2 per run: lease member (org:project:env:run), lease token
+Reply
+  one status per run: RELEASED, NOT_HELD (it held no slot), UNKNOWN_RUN, LEASE_LOST
+]]
+--@context now counter_ttl wake_channel recent_runs state_ttl default_env_concurrency
+--@context default_burst_factor default_queue_size_limit default_order default_max_per_key
+--@context default_quantum default_window default_join default_arrival_cap default_charge
+--@include prelude
+--@include config
+--@include runs
+--@include order
+
+local tag = KEYS[1]
+local count = arg_groups(FIRST_ARG, 2, 'run')
+local todo = {}
+for r = 0, count - 1 do
+  local i = FIRST_ARG + r * 2
+  todo[#todo + 1] = {arg_member(ARGV[i]), arg_int(ARGV[i + 1], 'lease token', 0, 1e15)}
+end
+local X = state_new(C, tag)
+local statuses = {}
+for _, t in ipairs(todo) do
+  local mkey = run_key(tag, t[1])
+  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'ta')
+  if not f[1] then
+    statuses[#statuses + 1] = S.UNKNOWN_RUN
+  elseif f[3] ~= 'running' or tonumber(f[4]) ~= t[2] then
+    statuses[#statuses + 1] = S.LEASE_LOST
+  else
+    local env_id, run = split_member(t[1])
+    local removed = free_slots(X, run_queue(X, env_id, f[1]), f[2], run, f[5] or '')
+    if removed == 1 then redis.call('HSET', mkey, 'ta', '') end
+    statuses[#statuses + 1] = removed == 1 and S.RELEASED or S.NOT_HELD
+  end
+end
+HOOK.finish(X)
+state_flush(X)
+return statuses

@@ -1,0 +1,96 @@
+"""Maintenance: requeue runs whose lease lapsed, expire runs whose TTL passed.
+
+Both run as scripts on the server's clock, shard by shard. :meth:`MaintenanceOps.maintain`
+is what consumers call on a timer: a short ``SET NX PX`` lock makes one process per
+interval do it, and one read of every shard (on the server's clock) skips the scripts
+when nothing is due, so an idle system runs no script at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+from fairq.keys import ShardKeys
+from fairq.store import validate
+from fairq.store._core import StoreCore
+
+#: Longest time one process's maintenance lock keeps the others from maintaining (s).
+MAX_MAINTENANCE_LOCK_S: Final = 1.0
+
+
+class MaintenanceOps(StoreCore):
+    def _shard_keys(self, shards: Iterable[int] | None) -> list[ShardKeys]:
+        if shards is None:
+            return self.keys.shards()
+        return [self.keys.shard(i) for i in shards]
+
+    async def maintenance_due(self, *, now_ms: int | None = None) -> tuple[list[int], list[int]]:
+        """Shards with a lapsed lease, and shards with a passed TTL (one round trip),
+        judged on the server's clock (or ``now_ms``)."""
+        shards = self.keys.shards()
+
+        def build(pipe: Any) -> None:
+            if now_ms is None:
+                pipe.time()
+            for s in shards:
+                pipe.zrange(s.leases, 0, 0, withscores=True)
+                pipe.zrange(s.ttl, 0, 0, withscores=True)
+
+        raw = await self.pipeline(build)
+        if now_ms is None:
+            seconds, micros = raw[0]
+            now = int(seconds) * 1000 + int(micros) // 1000
+            raw = raw[1:]
+        else:
+            now = now_ms
+        leases = [s.shard for i, s in enumerate(shards) if raw[2 * i] and raw[2 * i][0][1] <= now]
+        ttls = [
+            s.shard for i, s in enumerate(shards) if raw[2 * i + 1] and raw[2 * i + 1][0][1] <= now
+        ]
+        return leases, ttls
+
+    async def reclaim_lapsed_leases(
+        self, *, now_ms: int | None = None, batch: int = 100, shards: Iterable[int] | None = None
+    ) -> int:
+        """Requeue runs whose lease lapsed (lost consumers), on every shard (or ``shards``)."""
+        validate.integer("batch", batch, 1, 10_000)
+        total = 0
+        for s in self._shard_keys(shards):
+            order = self.order_for_shard(s.shard)
+            reply = await self.call("reclaim", order, s.tag, [str(batch)], now_ms)
+            self.decode("reclaim", reply[0])
+            total += int(reply[1])
+        return total
+
+    async def expire_ttl(
+        self, *, now_ms: int | None = None, batch: int = 100, shards: Iterable[int] | None = None
+    ) -> int:
+        """Expire queued runs whose TTL passed, on every shard (or ``shards``); returns how many."""
+        validate.integer("batch", batch, 1, 10_000)
+        total = 0
+        for s in self._shard_keys(shards):
+            order = self.order_for_shard(s.shard)
+            reply = await self.call("expire_ttl", order, s.tag, [str(batch)], now_ms)
+            self.decode("expire_ttl", reply[0])
+            total += int(reply[1])
+        return total
+
+    async def maintain(self, *, interval_s: float = 1.0, force: bool = False) -> bool:
+        """Reclaim lapsed leases and expire TTLs, at most once per interval across every
+        process sharing the prefix. Returns whether this call did the work."""
+        if force:
+            await self.reclaim_lapsed_leases()
+            await self.expire_ttl()
+            return True
+        # The lock only stops processes sharing a prefix from duplicating work; capped so
+        # that one with a long interval (or a dead one) cannot hold everyone else off.
+        ms = max(1, int(min(interval_s, MAX_MAINTENANCE_LOCK_S) * 1000))
+        if not await self.read(self.client.set(self.keys.maintenance_lock, b"1", nx=True, px=ms)):
+            return False
+        leases, ttls = await self.maintenance_due()
+        if leases:
+            await self.reclaim_lapsed_leases(shards=leases)
+        if ttls:
+            await self.expire_ttl(shards=ttls)
+        return True

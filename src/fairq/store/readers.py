@@ -1,0 +1,369 @@
+"""Readers: counts, settings, dead letters, runs and history, for dashboards and CLIs.
+
+Readers use pipelines (one round trip each where possible) and never write, except
+that a reader finding a CK counter missing while variants hold runs seeds it through
+``seed_counters.lua``, so a keyed backlog never shows as 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fairq import keys as K
+from fairq.keys import Environment
+from fairq.models import DeadLetter, EnvStats, QueueStats, TenantTag, VariantStats
+from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus, decode_outcome
+from fairq.store import validate
+from fairq.store._core import StoreCore, text_of
+from fairq.store.options import QUEUE_OPTIONS
+
+#: Width of one history bucket (ms), as the scripts write them.
+HISTORY_BUCKET_MS: Final = 10_000
+#: Variant rows a queue breakdown returns at most.
+MAX_VARIANTS: Final = 500
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryBucket:
+    """What happened to a queue in one 10-second window."""
+
+    start_ms: int
+    served: int
+    completed: int
+    failed: int
+    retried: int
+    dead_lettered: int
+    expired: int
+    cancelled: int
+    timed_out: int
+    run_ms: int
+    #: Runs served per tenant (None: keyless runs of the queue's default tenant).
+    by_tenant: dict[str | None, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RecentRun:
+    """A finished run from a queue's recent list."""
+
+    run_id: str
+    status: RunStatus
+    finished_at_ms: int
+    attempts: int
+    duration_ms: int | None
+    concurrency_key: str | None
+    tenant: str | None
+
+
+def _opt(raw: Any) -> str | None:
+    return None if raw is None else text_of(raw)
+
+
+class ReaderOps(StoreCore):
+    async def queue_stats(
+        self, env: Environment, queue: str, *, breakdown: bool = False
+    ) -> QueueStats:
+        """Queued and running across keyless runs and every CK variant, and the queue's
+        settings (one round trip)."""
+        (stats,) = await self.queues_stats(env, [queue], breakdown=breakdown)
+        return stats
+
+    async def queues_stats(
+        self, env: Environment, queues: Sequence[str], *, breakdown: bool = False
+    ) -> list[QueueStats]:
+        """:meth:`queue_stats` for several queues of one environment, in one round trip."""
+        e = self.keys.env(env)
+        qkeys = [self.keys.queue(env, name) for name in queues]
+        fields = ["max_queue_size", "order", "max_per_key", "charge"]
+        for name in queues:
+            fields += [K.config_field(name, o) for o in QUEUE_OPTIONS]
+
+        def build(pipe: Any) -> None:
+            pipe.time()
+            pipe.hmget(e.config, fields)
+            for q in qkeys:
+                pipe.zcard(q.queued)
+                pipe.scard(q.inflight)
+                pipe.get(q.ck_queued_counter)
+                pipe.get(q.ck_running_counter)
+                pipe.zcard(q.ck_index)
+                pipe.zrange(q.queued, 0, 0, withscores=True)
+                pipe.zrange(q.ck_index, 0, 0, withscores=True)
+
+        raw = await self.pipeline(build)
+        seconds, micros = raw[0]
+        now = int(seconds) * 1000 + int(micros) // 1000
+        config = raw[1]
+        env_size, env_order, env_mpk, env_charge = (_opt(v) for v in config[:4])
+        out: list[QueueStats] = []
+        width = len(QUEUE_OPTIONS)
+        for i, (name, q) in enumerate(zip(queues, qkeys, strict=True)):
+            zq, si, ckq, ckr, idx, head, ckhead = raw[2 + i * 7 : 2 + i * 7 + 7]
+            qc = dict(zip(QUEUE_OPTIONS, (_opt(v) for v in config[4 + i * width : 4 + (i + 1) * width]), strict=True))
+            if (ckq is None and idx) or (ckr is None and idx):
+                seeded = await self.call("seed_counters", "age", self.keys.tag_of(env), [env.id, name], None)
+                ckq, ckr = seeded[1], seeded[2]
+            heads = [float(h[0][1]) for h in (head, ckhead) if h]
+            size = qc["max_size"] if qc["max_size"] is not None else env_size
+            variants = await self._variants(env, name) if breakdown else []
+            oldest = int(min(heads)) if heads else None
+            delayed = 0
+            if oldest is not None and oldest > now:
+                delayed = int(zq) + int(ckq or 0)
+            out.append(
+                QueueStats(
+                    env=env,
+                    queue=name,
+                    queued=int(zq) + int(ckq or 0),
+                    running=int(si) + int(ckr or 0),
+                    concurrency_limit=None if qc["concurrency"] is None else int(qc["concurrency"]),
+                    queue_size_limit=None if size is None else int(size),
+                    oldest_score_ms=oldest,
+                    variants=variants,
+                    is_paused=qc["paused"] == "1",
+                    total_concurrency_limit=None if qc["total"] is None else int(qc["total"]),
+                    order=qc["order"] or env_order or ("fair" if self.fair else "age"),
+                    max_per_key_per_call=int(qc["max_per_key"] or env_mpk or 0) or self.config.max_per_key_per_call,
+                    charge=qc["charge"] or env_charge or self.config.vtime.charge,
+                    rate=None if qc["rate"] is None else float(qc["rate"]),
+                    rate_burst=None if qc["rate_burst"] is None else int(qc["rate_burst"]),
+                    borrow=qc["borrow"] == "1",
+                    delayed=delayed,
+                )
+            )
+        return out
+
+    async def _variants(self, env: Environment, queue: str) -> list[VariantStats]:
+        q = self.keys.queue(env, queue)
+        e = self.keys.env(env)
+        indexed = await self.read(self.client.zrange(q.ck_index, 0, MAX_VARIANTS - 1, withscores=True))
+        names = [text_of(m) for m, _ in indexed]
+        heads = {text_of(m): int(sc) for m, sc in indexed}
+        if not names:
+            return []
+
+        def build(pipe: Any) -> None:
+            for ck in names:
+                pipe.zcard(q.variant_queued(ck))
+                pipe.scard(q.variant_inflight(ck))
+            pipe.hmget(q.flow_tenants, names)
+            pipe.hmget(q.key_weights, names)
+            pipe.hmget(q.key_caps, names)
+            pipe.zmscore(e.tenant_tags, names)
+
+        raw = await self.pipeline(build)
+        tenants, weights, caps, tags = raw[-4], raw[-3], raw[-2], raw[-1]
+        out = []
+        for i, ck in enumerate(names):
+            named = _opt(tenants[i])
+            out.append(
+                VariantStats(
+                    concurrency_key=K.decode_concurrency_key(ck),
+                    queued=int(raw[2 * i]),
+                    running=int(raw[2 * i + 1]),
+                    oldest_score_ms=heads.get(ck),
+                    virtual_tag=None if named or tags[i] is None else float(tags[i]),
+                    weight=1.0 if weights[i] is None else float(weights[i]),
+                    tenant=K.decode_concurrency_key(named) if named else None,
+                    cap=None if caps[i] is None else int(caps[i]),
+                )
+            )
+        return out
+
+    async def env_stats(self, env: Environment) -> EnvStats:
+        e = self.keys.env(env)
+        s = self.keys.shard(self.keys.shard_of(env))
+
+        def build(pipe: Any) -> None:
+            pipe.scard(e.inflight)
+            pipe.hmget(e.config, ["concurrency", "burst_factor", "max_queue_size", "order"])
+            pipe.zcard(e.dlq)
+            pipe.hget(s.env_weights, env.id)
+
+        running, limits, dlq, weight = await self.pipeline(build)
+        return EnvStats(
+            env=env,
+            running=int(running),
+            concurrency_limit=int(limits[0]) if limits[0] is not None else self.config.default_env_concurrency,
+            burst_factor=float(limits[1]) if limits[1] is not None else self.config.default_burst_factor,
+            queue_size_limit=int(limits[2]) if limits[2] is not None else None,
+            dead_lettered=int(dlq),
+            order=_opt(limits[3]) or ("fair" if self.fair else "age"),
+            weight=1.0 if weight is None else float(weight),
+        )
+
+    async def environments(self) -> list[Environment]:
+        """Every environment that ever enqueued, across shards."""
+        shards = self.keys.shards()
+
+        def build(pipe: Any) -> None:
+            for s in shards:
+                pipe.smembers(s.envs)
+
+        envs: set[Environment] = set()
+        for members in await self.pipeline(build):
+            for m in members:
+                envs.add(Environment.parse(text_of(m)))
+        return sorted(envs)
+
+    async def queues(self, env: Environment) -> list[str]:
+        """Every queue of an environment that ever had a run."""
+        members = await self.read(self.client.smembers(self.keys.env(env).queues))
+        return sorted(text_of(m) for m in members)
+
+    async def tenant_tags(self, env: Environment) -> list[TenantTag]:
+        """The environment's tenants in the fair order, lowest virtual tag first
+        (for inspection; a tag below the floor counts as the floor)."""
+        e = self.keys.env(env)
+
+        def build(pipe: Any) -> None:
+            pipe.zrange(e.tenant_tags, 0, 999, withscores=True)
+            pipe.get(e.tenant_floor)
+            pipe.hgetall(e.tenant_weights)
+
+        entries, floor_raw, weights = await self.pipeline(build)
+        floor = float(floor_raw) if floor_raw is not None else 0.0
+        w = {text_of(k): float(v) for k, v in weights.items()}
+        return [
+            TenantTag(K.decode_tenant(text_of(m)), max(floor, float(sc)), w.get(text_of(m), 1.0))
+            for m, sc in entries
+        ]
+
+    async def tenant_floor(self, env: Environment) -> float | None:
+        """The environment's tenant virtual time (None before any fair serve)."""
+        raw = await self.read(self.client.get(self.keys.env(env).tenant_floor))
+        return None if raw is None else float(raw)
+
+    # ------------------------------------------------------------------ dead letters, runs
+
+    async def dead_letters(self, env: Environment, *, limit: int = 100) -> list[DeadLetter]:
+        """The environment's dead-lettered runs, oldest first (with their last error)."""
+        validate.integer("limit", limit, 1, 10_000)
+        e = self.keys.env(env)
+        members = await self.read(self.client.zrange(e.dlq, 0, limit - 1, withscores=True))
+        if not members:
+            return []
+        run_ids = [text_of(m) for m, _ in members]
+
+        def build(pipe: Any) -> None:
+            for run_id in run_ids:
+                pipe.hmget(e.message(run_id), ["q", "k", "a", "p", "e", "n"])
+
+        out: list[DeadLetter] = []
+        for (run_id, (_, score)), h in zip(zip(run_ids, members, strict=True), await self.pipeline(build), strict=True):
+            if h[0] is None:
+                continue
+            out.append(
+                DeadLetter(
+                    env=env,
+                    queue=text_of(h[0]),
+                    run_id=run_id,
+                    concurrency_key=K.decode_concurrency_key(text_of(h[1])) if h[1] else None,
+                    attempt=int(h[2] or 0),
+                    dead_lettered_at_ms=int(score),
+                    payload_json=text_of(h[3]),
+                    error=_opt(h[4]) or None,
+                    tenant=K.decode_tenant(text_of(h[5])) if h[5] else None,
+                )
+            )
+        return out
+
+    async def get_run(self, env: Environment, run_id: str) -> RunInfo | None:
+        """A run's status: from the queue while it exists, else its kept outcome; None
+        when fairq knows nothing of it (never enqueued, completed without a kept outcome,
+        or its outcome's retention passed)."""
+        K.validate_name("run id", run_id)
+        e = self.keys.env(env)
+
+        def build(pipe: Any) -> None:
+            pipe.hmget(e.message(run_id), ["st", "a", "q", "k", "n", "t", "s", "ls", "p", "e", "cx", "pg"])
+            pipe.get(e.outcome(run_id))
+
+        message, outcome_raw = await self.pipeline(build)
+        outcome = decode_outcome(run_id, outcome_raw) if outcome_raw else None
+        if message[0] is not None:
+            state = text_of(message[0])
+            progress = None
+            if message[11]:
+                fraction, _, note = text_of(message[11]).partition(":")
+                progress = (float(fraction), note)
+            return RunInfo(
+                run_id=run_id,
+                status=STATE_STATUS.get(state, RunStatus.QUEUED),
+                queue=_opt(message[2]),
+                concurrency_key=K.decode_concurrency_key(text_of(message[3])) if message[3] else None,
+                tenant=K.decode_tenant(text_of(message[4])) if message[4] else None,
+                attempts=int(message[1] or 0),
+                enqueued_at_ms=int(float(message[5])) if message[5] else None,
+                due_at_ms=int(float(message[6])) if message[6] and state == "queued" else None,
+                started_at_ms=int(float(message[7])) if message[7] and state == "running" else None,
+                payload_json=_opt(message[8]),
+                error=_opt(message[9]) or (outcome.error if outcome else None),
+                traceback=outcome.traceback if outcome else None,
+                finished_at_ms=outcome.finished_at_ms if outcome and state == "dlq" else None,
+                cancel_requested=message[10] is not None,
+                progress=progress,
+            )
+        return outcome
+
+    async def recent_runs(self, env: Environment, queue: str, *, limit: int = 100) -> list[RecentRun]:
+        """The queue's most recently finished runs, newest first."""
+        validate.integer("limit", limit, 1, 100_000)
+        q = self.keys.queue(env, queue)
+        raw = await self.read(self.client.lrange(q.recent, 0, limit - 1))
+        out = []
+        for item in raw:
+            data = json.loads(item)
+            key, tenant = data.get("key") or "", data.get("tenant") or ""
+            duration = data.get("duration_ms")
+            out.append(
+                RecentRun(
+                    run_id=str(data["run"]),
+                    status=RunStatus(data["status"]),
+                    finished_at_ms=int(data["at"]),
+                    attempts=int(data.get("attempts") or 0),
+                    duration_ms=None if not isinstance(duration, int | float) else int(duration),
+                    concurrency_key=K.decode_concurrency_key(key) if key else None,
+                    tenant=K.decode_tenant(tenant) if tenant else None,
+                )
+            )
+        return out
+
+    async def history(
+        self, env: Environment, queue: str, *, window_ms: int, now_ms: int | None = None
+    ) -> list[HistoryBucket]:
+        """The queue's 10-second history buckets over the last ``window_ms`` (at most one
+        hour kept), oldest first, empty buckets included."""
+        validate.integer("window_ms", window_ms, HISTORY_BUCKET_MS, 3_600_000)
+        q = self.keys.queue(env, queue)
+        if now_ms is None:
+            seconds, micros = await self.read(self.client.time())
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        last = now_ms // HISTORY_BUCKET_MS
+        first = last - window_ms // HISTORY_BUCKET_MS + 1
+
+        def build(pipe: Any) -> None:
+            for bucket in range(first, last + 1):
+                pipe.hgetall(q.history(bucket))
+
+        out = []
+        for bucket, fields in zip(range(first, last + 1), await self.pipeline(build), strict=True):
+            f = {text_of(k): int(float(v)) for k, v in fields.items()}
+            by_tenant: dict[str | None, int] = {}
+            for name, n in f.items():
+                if name.startswith("t:"):
+                    tenant = name[2:]
+                    by_tenant[None if tenant.startswith("/") else K.decode_concurrency_key(tenant)] = n
+            out.append(
+                HistoryBucket(
+                    start_ms=bucket * HISTORY_BUCKET_MS,
+                    served=f.get("served", 0), completed=f.get("completed", 0),
+                    failed=f.get("failed", 0), retried=f.get("retried", 0),
+                    dead_lettered=f.get("dead_lettered", 0), expired=f.get("expired", 0),
+                    cancelled=f.get("cancelled", 0), timed_out=f.get("timed_out", 0),
+                    run_ms=f.get("run_ms", 0), by_tenant=by_tenant,
+                )
+            )  # fmt: skip
+        return out

@@ -1,0 +1,276 @@
+"""The Lua script registry: loads ``lua/*.lua``, resolves includes, calls scripts by SHA.
+
+A script file holds, top to bottom: its header (purpose, KEYS, ARGV, reply), the
+directives, its KEYS/ARGV bindings and its body. Directives:
+
+* ``--@context name ...``: the context names it reads (see :mod:`fairq.store.context`);
+* ``--@include name``: a helper file ``lua/include/<name>.lua``. ``prelude`` is the one
+  generated include (reply codes, key builders, this script's context bindings, argument
+  checks) and must come first. ``order`` stands for the order-specific hooks: a script
+  that includes it (directly or through another include) is built twice, once with
+  ``order_age`` and once with ``order_fair``.
+
+An include names the includes it needs with ``--@require name``; the loader emits every
+include once, after what it requires (a missing include or a cycle is a
+:class:`ScriptLoadError`). Includes only define functions that take what they use as
+parameters; nothing reads a script's locals.
+
+The age-order build of a script never contains fair-order code, so a process whose
+queues all use the age order runs scripts that never mention virtual time.
+
+Only :mod:`fairq.store` uses this module; script objects never leave it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Final, Literal
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, ResponseError
+
+from fairq.errors import FairqError, raise_for_code
+from fairq.keys import lua_schema
+from fairq.store.context import lua_bindings, order_names
+from fairq.store.options import lua_options
+from fairq.store.status import lua_status_table
+
+Order = Literal["age", "fair"]
+
+_DIRECTIVE_RE: Final = re.compile(r"^--@(include|require|context)\b(.*)$", re.MULTILINE)
+_NAME_RE: Final = re.compile(r"^[a-z_]+$")
+#: The order-specific include placeholder and what it resolves to per build.
+ORDER_INCLUDE: Final = "order"
+ORDER_FILES: Final[dict[Order, str]] = {"age": "order_age", "fair": "order_fair"}
+
+
+class ScriptLoadError(FairqError):
+    """A script or include cannot be assembled (missing include, cycle, bad directive)."""
+
+
+Reader = Callable[[str], str | None]
+
+
+def _package_reader(relative: str) -> str | None:
+    path = resources.files("fairq.store").joinpath("lua", relative)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A script's assembled text, and what it declared."""
+
+    text: str
+    context: tuple[str, ...]
+    includes: tuple[str, ...]
+
+
+def _directives(text: str, where: str) -> list[tuple[str, list[str]]]:
+    out = []
+    for match in _DIRECTIVE_RE.finditer(text):
+        kind, rest = match.group(1), match.group(2).split()
+        if not rest or not all(_NAME_RE.match(n) for n in rest):
+            raise ScriptLoadError(f"{where}: bad directive {match.group(0)!r}")
+        out.append((kind, rest))
+    return out
+
+
+def uses_order(name: str, read: Reader = _package_reader) -> bool:
+    """Whether the script includes the order hooks (and so has an age and a fair build)."""
+    seen: set[str] = set()
+
+    def walk(include: str, stack: tuple[str, ...]) -> bool:
+        if include == ORDER_INCLUDE:
+            return True
+        if include in seen or include == "prelude":
+            return False
+        seen.add(include)
+        text = read(f"include/{include}.lua")
+        if text is None:
+            raise ScriptLoadError(f"{stack[-1]}: missing include {include!r}")
+        return any(
+            walk(n, (*stack, include))
+            for kind, names in _directives(text, include)
+            if kind == "require"
+            for n in names
+        )
+
+    text = read(f"{name}.lua")
+    if text is None:
+        raise ScriptLoadError(f"no script {name!r}")
+    return any(
+        walk(n, (name,))
+        for kind, names in _directives(text, name)
+        if kind == "include"
+        for n in names
+    )
+
+
+def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> Source:
+    """The full text Redis runs for script ``name`` built for ``order``.
+
+    Raises:
+        ScriptLoadError: missing script or include, an include cycle, a bad directive, an
+            unknown context name, or no ``prelude`` before the other includes.
+    """
+    text = read(f"{name}.lua")
+    if text is None:
+        raise ScriptLoadError(f"no script {name!r}")
+    directives = _directives(text, name)
+    context: list[str] = []
+    wanted: list[str] = []
+    for kind, names in directives:
+        if kind == "context":
+            context += names
+        elif kind == "include":
+            wanted += names
+        else:
+            raise ScriptLoadError(f"{name}: '--@require' is for includes; use '--@include'")
+    try:
+        ordered_context = order_names(context)
+    except ValueError as exc:
+        raise ScriptLoadError(f"{name}: {exc}") from None
+    if not wanted or wanted[0] != "prelude":
+        raise ScriptLoadError(f"{name}: the first include must be 'prelude'")
+
+    emitted: list[str] = []
+    bodies: dict[str, str] = {}
+
+    def visit(include: str, stack: tuple[str, ...]) -> None:
+        if include == ORDER_INCLUDE:
+            if order is None:
+                raise ScriptLoadError(f"{name}: includes the order hooks but has no order")
+            include = ORDER_FILES[order]
+        if include in stack:
+            raise ScriptLoadError(f"{name}: include cycle {' -> '.join((*stack, include))}")
+        if include in bodies:
+            return
+        raw = read(f"include/{include}.lua")
+        if raw is None:
+            raise ScriptLoadError(f"{stack[-1] if stack else name}: missing include {include!r}")
+        for kind, names in _directives(raw, include):
+            if kind != "require":
+                raise ScriptLoadError(f"{include}: includes may only '--@require' others")
+            for needed in names:
+                visit(needed, (*stack, include))
+        bodies[include] = _DIRECTIVE_RE.sub(lambda m: "", raw)
+        emitted.append(include)
+
+    for include in wanted[1:]:
+        visit(include, ())
+    prelude = read("include/prelude.lua")
+    if prelude is None:
+        raise ScriptLoadError(f"{name}: missing include 'prelude'")
+    parts = [
+        lua_status_table(),
+        lua_schema(),
+        lua_options(),
+        lua_bindings(ordered_context),
+        _DIRECTIVE_RE.sub(lambda m: "", prelude),
+        *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
+    ]
+    head = "\n".join(parts)
+    lines = text.splitlines()
+    # the prelude and includes go where '--@include prelude' stood; other directives vanish
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("--@include prelude"):
+            out.append(head)
+        elif _DIRECTIVE_RE.match(line):
+            continue
+        else:
+            out.append(line)
+    return Source("\n".join(out) + "\n", ordered_context, tuple(emitted))
+
+
+def script_names(read_dir: Callable[[], list[str]] | None = None) -> list[str]:
+    """Every top-level script (the ``lua/*.lua`` files), sorted."""
+    if read_dir is None:
+        root = resources.files("fairq.store").joinpath("lua")
+        names = [p.name for p in root.iterdir() if p.name.endswith(".lua")]
+    else:
+        names = read_dir()
+    return sorted(n[: -len(".lua")] for n in names)
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One built script: its operation, order, expanded source, SHA1 and context names."""
+
+    operation: str
+    order: Order | None
+    source: str
+    sha: str
+    context: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.operation if self.order is None else f"{self.operation}[{self.order}]"
+
+    async def __call__(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run by EVALSHA (loading on NOSCRIPT); map ``FQ<code>`` errors to exceptions."""
+        try:
+            try:
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self._load(client)
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except ResponseError as exc:
+            text = str(exc)
+            if "FQ" in text:
+                raise_for_code(text[text.index("FQ") :])
+            raise
+
+    async def _load(self, client: Any) -> None:
+        if isinstance(client, RedisCluster):
+            # On every master: the client's idea of which node owns the slot may be stale
+            # right after a reshard, and a later call may land on another node anyway.
+            await client.execute_command(
+                "SCRIPT LOAD", self.source, target_nodes=RedisCluster.PRIMARIES
+            )
+        else:
+            await client.script_load(self.source)
+
+
+class ScriptRegistry:
+    """Every script, built for each order it has, expanded and hashed once per process."""
+
+    def __init__(self, read: Reader = _package_reader, names: list[str] | None = None) -> None:
+        self._scripts: dict[tuple[str, Order | None], Script] = {}
+        for name in script_names() if names is None else names:
+            orders: tuple[Order | None, ...] = ("age", "fair") if uses_order(name, read) else (None,)
+            for order in orders:
+                source = assemble(name, order, read)
+                sha = hashlib.sha1(source.text.encode("utf-8")).hexdigest()
+                self._scripts[(name, order)] = Script(name, order, source.text, sha, source.context)
+
+    def get(self, operation: str, order: Order) -> Script:
+        """The script for ``operation`` in ``order`` (its only build if it has no order)."""
+        script = self._scripts.get((operation, order)) or self._scripts.get((operation, None))
+        if script is None:
+            raise KeyError(operation)
+        return script
+
+    def has_order(self, operation: str) -> bool:
+        return (operation, "fair") in self._scripts
+
+    def all(self) -> list[Script]:
+        return list(self._scripts.values())
+
+
+_REGISTRY: ScriptRegistry | None = None
+
+
+def registry() -> ScriptRegistry:
+    """The process-wide registry (scripts are read from the package once)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = ScriptRegistry()
+    return _REGISTRY

@@ -1,0 +1,121 @@
+"""The validation layer at the API boundary: every value is checked here, before any
+script runs, and refused with a fairq error whose message repeats at most a short part
+of the value. (The scripts check their arguments again before their first write.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final
+
+from fairq.config import MAX_DEQUEUE_COUNT, MAX_LIMIT, MAX_WEIGHT
+from fairq.errors import InvalidLimitError, PayloadError
+
+#: The largest time accepted (ms): the year 10000.
+MAX_TIME_MS: Final = 253_402_300_800_000
+#: The longest delay, TTL or priority accepted (ms): 10 years.
+MAX_DURATION_MS: Final = 10 * 365 * 86_400_000
+#: The longest lease one dequeue or heartbeat may grant (ms): one day.
+MAX_LEASE_MS: Final = 86_400_000
+#: The deepest payload nesting accepted.
+MAX_PAYLOAD_DEPTH: Final = 64
+#: Most runs one finishing call takes.
+MAX_BATCH: Final = 10_000
+
+
+def integer(name: str, value: object, low: int, high: int) -> int:
+    """An int (not a bool, not a float) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidLimitError(name, value, f"must be an integer in {low}..{high}")
+    if not low <= value <= high:
+        raise InvalidLimitError(name, value, f"must be in {low}..{high}")
+    return value
+
+
+def number(name: str, value: object, low: float, high: float) -> float:
+    """A finite int or float (not a bool) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidLimitError(name, value, f"must be a number in {low:g}..{high:g}")
+    result = float(value)
+    if not math.isfinite(result) or not low <= result <= high:
+        raise InvalidLimitError(name, value, f"must be a finite number in {low:g}..{high:g}")
+    return result
+
+
+def time_ms(name: str, value: object) -> int:
+    """An absolute time in ms, from 0 to the year 10000."""
+    return integer(name, value, 0, MAX_TIME_MS)
+
+
+def duration_ms(name: str, value: object, *, minimum: int = 0) -> int:
+    """A duration in ms, at most 10 years."""
+    return integer(name, value, minimum, MAX_DURATION_MS)
+
+
+def lease_ms(value: object) -> int:
+    return integer("lease_ms", value, 1, MAX_LEASE_MS)
+
+
+def max_count(value: object) -> int:
+    return integer("max_count", value, 1, MAX_DEQUEUE_COUNT)
+
+
+def limit(name: str, value: object, *, minimum: int = 0) -> int:
+    return integer(name, value, minimum, MAX_LIMIT)
+
+
+def weight(value: object) -> float:
+    return number("weight", value, 1.0 / MAX_WEIGHT, MAX_WEIGHT)
+
+
+def batch(name: str, items: object) -> None:
+    if len(items) > MAX_BATCH:  # type: ignore[arg-type]
+        raise InvalidLimitError(name, len(items), f"at most {MAX_BATCH} per call")  # type: ignore[arg-type]
+
+
+def _depth(value: Any, limit: int) -> None:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > limit:
+                raise PayloadError(f"payload is nested deeper than {limit} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def payload(value: Any, max_bytes: int) -> str:
+    """JSON-encode a payload, refusing what JSON cannot hold, too deep, or too large.
+
+    Raises:
+        PayloadError: not JSON-serialisable (or NaN / infinity), nested deeper than
+            :data:`MAX_PAYLOAD_DEPTH`, or larger than ``max_bytes``.
+    """
+    _depth(value, MAX_PAYLOAD_DEPTH)
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        if len(message) > 120:
+            message = message[:119] + "…"
+        raise PayloadError(f"payload is not JSON-serialisable: {message}") from None
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply") from None
+    size = len(text)  # ASCII: json.dumps escapes everything else
+    if size > max_bytes:
+        raise PayloadError(f"payload is {size} bytes, larger than the maximum {max_bytes}")
+    return text
+
+
+def text(name: str, value: object, max_chars: int) -> str:
+    """A string of at most ``max_chars`` characters (valid Unicode)."""
+    if not isinstance(value, str):
+        raise InvalidLimitError(name, value, "must be a string")
+    if len(value) > max_chars:
+        raise InvalidLimitError(name, value, f"longer than {max_chars} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidLimitError(name, value, "is not valid Unicode") from None
+    return value
