@@ -481,15 +481,27 @@ def _load_state(*, warn: bool = True) -> _Loaded:
 
 
 def _write_state(directory: Path, state: SharedServerState) -> None:
-    """Write ``server.json`` (mode 0600) atomically: a temporary file, then a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=".server.", suffix=".json", dir=directory)
+    """Write ``server.json`` (mode 0600) atomically: a temporary file, then a rename.
+
+    Raises:
+        EmbeddedServerError: the file cannot be written.
+    """
+    target = directory / STATE_NAME
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".server.", suffix=".json", dir=directory)
+    except OSError as exc:
+        raise EmbeddedServerError(f"cannot write the state file {target}: {exc}") from None
     try:
         with os.fdopen(fd, "w") as out:
             json.dump(state.as_dict(), out, indent=2)
             out.write("\n")
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, directory / STATE_NAME)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise EmbeddedServerError(f"cannot write the state file {target}: {exc}") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
