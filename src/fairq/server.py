@@ -692,13 +692,25 @@ def _retire_legacy(port: int, pid: int, timeout: float = 10.0) -> bool:
     finally:
         client.close()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while _runs_valkey(pid):  # its append-only file is closed only when it has exited
         _reap(pid)
-        if not _ping("127.0.0.1", port):
-            break
+        if time.monotonic() >= deadline:
+            raise EmbeddedServerError(
+                f"the shared server of an older fairq (pid {pid}) did not exit in {timeout}s"
+            )
         time.sleep(0.02)
     log.warning("fairq: stopped the shared server of an older fairq (pid %d, port %d)", pid, port)
     return True
+
+
+def _runs_valkey(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process of the valkey-server binary."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return status.rpartition(")")[2].split()[:1] != ["Z"] and _same_file(exe, valkey_binary())
 
 
 def _trusted(state: SharedServerState | None) -> bool:
