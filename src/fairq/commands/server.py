@@ -14,9 +14,10 @@ import click
 from fairq.errors import FairqError
 from fairq.server import (
     EmbeddedServer,
-    shared_server_status,
+    SharedServerReport,
+    shared_server_report,
     shared_server_url,
-    stop_shared_server,
+    stop_shared,
 )
 
 
@@ -75,6 +76,10 @@ def command(ctx: click.Context, masters: int, port: int, data_dir: Path | None) 
     fairq server start        start the shared per-user server (detached) and print its URL
     fairq server status       show the shared server (exit code 1 when it is not running)
     fairq server stop         stop the shared server
+
+    The shared server listens on a unix socket in the state directory (FAIRQ_STATE_DIR,
+    default $XDG_STATE_HOME/fairq) that only you can reach; FAIRQ_FSYNC=always|everysec|no
+    sets how often its append-only file is fsynced (default everysec).
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -116,18 +121,71 @@ def start() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
 def status(as_json: bool) -> None:
     """Show whether the shared server runs (exit code 1 when it does not)."""
-    state = shared_server_status()
+    try:
+        report = shared_server_report()
+    except FairqError as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps({"running": state is not None, **(state or {})}))
-    elif state:
-        click.echo(f"running: {state['url']} (pid {state['pid']})")
+        state = report.state.as_dict() if report.state else {}
+        click.echo(
+            json.dumps(
+                {
+                    "running": report.running,
+                    **state,
+                    "socket": report.socket,
+                    "data_dir": report.data_dir,
+                    "state_file_problem": report.problem,
+                    "unrecorded_pid": report.unrecorded_pid,
+                }
+            )
+        )
     else:
-        click.echo("not running")
-    if state is None:
+        click.echo(_describe(report))
+    if not report.running:
         raise SystemExit(1)
+
+
+def _describe(report: SharedServerReport) -> str:
+    if report.running and report.state is not None:
+        state = report.state
+        rows = [
+            ("url", state.url),
+            ("socket", state.socket),
+            ("pid", str(state.pid)),
+            ("run_id", state.run_id),
+            ("fsync", state.fsync),
+            ("data dir", report.data_dir),
+            ("started", state.started_at),
+        ]
+        return "running\n" + "\n".join(f"  {name + ':':<10}{value}" for name, value in rows)
+    lines = ["not running"]
+    if report.problem is not None:
+        lines.append(
+            f"  the state file is corrupt or unusable ({report.problem}); "
+            "it is replaced when the server next starts (fairq server start)"
+        )
+    elif report.state is not None:
+        lines.append(f"  the state file names pid {report.state.pid}, which no longer answers")
+    if report.unrecorded_pid is not None:
+        lines.append(
+            f"  a server (pid {report.unrecorded_pid}) answers on {report.socket} but is not "
+            "the recorded one: `fairq server start` records it if fairq started it"
+        )
+    lines.append(f"  socket:   {report.socket}")
+    lines.append(f"  data dir: {report.data_dir}")
+    return "\n".join(lines)
 
 
 @command.command(name="stop")
 def stop() -> None:
-    """Stop the shared per-user server."""
-    click.echo("stopped" if stop_shared_server() else "not running")
+    """Stop the shared per-user server (SHUTDOWN over its socket; its data is kept).
+
+    A state file that names any process other than the shared server is never acted on:
+    nothing is signalled."""
+    try:
+        outcome = stop_shared()
+    except FairqError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo("stopped" if outcome.stopped else "not running")
+    if outcome.message not in ("stopped", "not running"):
+        click.echo(f"# {outcome.message}", err=True)
