@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,9 @@ import pytest
 
 from fairq import metrics
 from fairq.config import RunQueueConfig
-from fairq.dashboard.app import TOKEN_COOKIE, ServedSampler, create_app, create_server
+from fairq.dashboard.app import create_app, create_server
+from fairq.dashboard.security import TOKEN_COOKIE
+from fairq.dashboard.served import ServedSampler
 from fairq.keys import Environment
 from fairq.models import Delivery, NackOutcome, QueueStats, VariantStats
 from fairq.server import connect, free_port
@@ -377,6 +380,14 @@ class ThreadedDashboard:
         self._thread.join(15)
 
 
+async def refreshed(page: Any) -> None:
+    """Wait for the page's first live refresh (an attribute check: the page's CSP allows
+    no string evaluation, so no ``wait_for_function``)."""
+    from playwright.async_api import expect
+
+    await expect(page.locator("body")).to_have_attribute("data-refreshed", re.compile(r"^\d+$"))
+
+
 @pytest.fixture
 def chromium() -> Iterator[Path]:
     if not CHROMIUM.exists():
@@ -412,7 +423,7 @@ async def test_the_page_shows_ck_counts_live_and_redrive_empties_the_dlq(
                 # Server-rendered numbers, then the same after a live refresh.
                 await expect(row.locator('[data-field="queued"]')).to_have_text("10")
                 await expect(row.locator('[data-field="running"]')).to_have_text("6")
-                await page.wait_for_function("document.body.dataset.refreshed !== undefined")
+                await refreshed(page)
                 await expect(row.locator('[data-field="queued"]')).to_have_text("10")
 
                 # Live refresh: two runs finish, the page follows without a reload.
@@ -512,7 +523,7 @@ async def test_render_the_readme_screenshot(
             try:
                 page = await browser.new_page()
                 await page.goto(f"{dash.url}/queues/{env.id}/video/encode")
-                await page.wait_for_function("document.body.dataset.refreshed !== undefined")
+                await refreshed(page)
                 await page.screenshot(path=str(target), full_page=True)
             finally:
                 await browser.close()
