@@ -159,6 +159,7 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
     server_url: str | None = None,
     store_timeout_s: float = STORE_TIMEOUT_S,
+    retry_after_s: int = RETRY_AFTER_S,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
     """The dashboard app for one queue connection.
@@ -171,6 +172,7 @@ def create_app(
         server_url: the server ``rq`` talks to, named on the "not answering" page
             (credentials are never shown).
         store_timeout_s: how long a request waits for the server before answering 503.
+        retry_after_s: how soon the "not answering" page reloads itself (``Retry-After``).
         max_body_bytes: largest request body accepted (413 beyond).
 
     Returns:
@@ -178,6 +180,8 @@ def create_app(
     """
     if store_timeout_s <= 0:
         raise ValueError(f"store_timeout_s must be positive, got {store_timeout_s!r}")
+    if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int) or retry_after_s < 1:
+        raise ValueError(f"retry_after_s must be a whole number >= 1, got {retry_after_s!r}")
     if max_body_bytes < 0:
         raise ValueError(f"max_body_bytes must be >= 0, got {max_body_bytes!r}")
     templates = _templates()
@@ -242,18 +246,18 @@ def create_app(
             last_logged[0] = now
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             _log.warning("%s (%s)", unavailable_text, reason)
-        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        headers = {"Retry-After": str(retry_after_s)}
         if _wants_json(request):
             body = {
                 "error": "server_unavailable",
                 "detail": unavailable_text,
                 "server": shown_url,
-                "retry_after_s": RETRY_AFTER_S,
+                "retry_after_s": retry_after_s,
             }
             return JSONResponse(body, status_code=503, headers=headers)
         if request.url.path == "/metrics":
             return PlainTextResponse(f"503: {unavailable_text}", status_code=503, headers=headers)
-        context = {"message": unavailable_text, "retry_after_s": RETRY_AFTER_S}
+        context = {"message": unavailable_text, "retry_after_s": retry_after_s}
         response = page("unavailable.html", request, context, status=503)
         response.headers.update(headers)
         return response
@@ -288,12 +292,13 @@ def create_server(
     host: str = "127.0.0.1",
     port: int = 8765,
     token: str | None = None,
-    server_url: str | None = None,
+    **app_options: Any,
 ) -> uvicorn.Server:
     """A ``uvicorn.Server`` for the dashboard; run it with ``await server.serve()`` on the
     loop that owns ``rq`` and stop it with ``server.should_exit = True`` (e.g. from
-    ``fairq demo --dashboard``)."""
-    app = create_app(rq, token=token, server_url=server_url)
+    ``fairq demo --dashboard``). ``app_options`` go to :func:`create_app`
+    (``server_url``, ``store_timeout_s``...)."""
+    app = create_app(rq, token=token, **app_options)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     return uvicorn.Server(config)
 
