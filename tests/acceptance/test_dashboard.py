@@ -29,9 +29,8 @@ from fairq import metrics
 from fairq.config import RunQueueConfig
 from fairq.dashboard.app import create_app, create_server
 from fairq.dashboard.security import TOKEN_COOKIE
-from fairq.dashboard.served import ServedSampler
 from fairq.keys import Environment
-from fairq.models import Delivery, NackOutcome, QueueStats, VariantStats
+from fairq.models import Delivery, NackOutcome
 from fairq.server import EmbeddedServer, connect, free_port
 from fairq.store import RunQueue, wall_clock_ms
 
@@ -255,32 +254,6 @@ async def test_served_share_prefers_the_record_workers_write(
     bucket = now // metrics.SERVED_BUCKET_MS
     ttl = await rq.client.ttl(metrics.served_key(rq, env, "emails", bucket))
     assert 0 < ttl <= metrics.SERVED_RETENTION_SECONDS
-
-
-def _stats(env: Environment, **queued: int) -> QueueStats:
-    variants = [VariantStats(k, n, 0, None) for k, n in queued.items()]
-    return QueueStats(env, "q", sum(queued.values()), 0, None, None, None, variants)
-
-
-def test_served_share_is_estimated_from_backlog_drops_without_a_record(env: Environment) -> None:
-    sampler = ServedSampler()
-    now = 10 * metrics.SERVED_BUCKET_MS * 1000
-    sampler.observe(_stats(env, a=50, b=5), now)
-    sampler.observe(_stats(env, a=47, b=4), now + 1500)  # a served 3, b 1
-    sampler.observe(_stats(env, a=49, b=3), now + 3000)  # a grew (arrivals): not served
-
-    windows = sampler.windows(env, "q", now + 3000)
-
-    assert windows[-1] == (now, {"a": 3, "b": 2})
-    assert sum(1 for _, counts in windows if counts) == 1
-
-
-def test_the_sampler_forgets_least_recently_polled_queues(env: Environment) -> None:
-    sampler = ServedSampler(max_queues=2)
-    for name in ("q1", "q2", "q3"):
-        stats = _stats(env, a=1)
-        sampler.observe(QueueStats(env, name, 1, 0, None, None, None, stats.variants), 0)
-    assert [k for k in sampler._queues] == [(env.id, "q2"), (env.id, "q3")]
 
 
 # ---------------------------------------------------------------------- access token

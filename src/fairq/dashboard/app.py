@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar
-from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote
 
 import jinja2
 import uvicorn
@@ -112,8 +112,12 @@ def redrive_path(env: str, run_id: str) -> str:
 
 def display_url(url: str) -> str:
     """A server URL fit to show: no user name, password or query (which may hold one)."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    rest = rest.split("?", 1)[0].split("#", 1)[0]
+    # Everything up to the last "@" is credentials (even a password with "/" or "@").
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
 
 
 # ---------------------------------------------------------------------- the app
