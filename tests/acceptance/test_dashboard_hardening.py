@@ -447,7 +447,7 @@ async def test_a_server_that_stops_answering_gets_503_after_the_store_timeout(
     rq = RunQueue(await connect(private_server.url))
     try:
         await rq.enqueue(env, "emails", "e1", now_ms=T0)
-        client = client_for(rq, server_url=private_server.url, store_timeout_s=0.5)
+        client = client_for(rq, server_url=private_server.url, store_timeout_s=1.0)
         assert (await client.get("/api/overview")).status_code == 200
         assert private_server.process is not None
         pid = private_server.process.pid

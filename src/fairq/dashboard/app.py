@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import jinja2
 import uvicorn
@@ -111,13 +111,12 @@ def redrive_path(env: str, run_id: str) -> str:
 
 
 def display_url(url: str) -> str:
-    """A server URL fit to show: no user name, password or query (which may hold one)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    rest = rest.split("?", 1)[0].split("#", 1)[0]
-    # Everything up to the last "@" is credentials (even a password with "/" or "@").
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
+    """A server URL fit to show: the host, port and path the client connects to, without
+    user name, password, query (which may hold a password) or fragment."""
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return parts.netloc.rpartition("@")[2] + parts.path
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 # ---------------------------------------------------------------------- the app
