@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,16 +20,18 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from fairq import metrics
 from fairq.config import RunQueueConfig
-from fairq.dashboard.app import TOKEN_COOKIE, ServedSampler, create_app, create_server
+from fairq.dashboard.app import create_app, create_server
+from fairq.dashboard.security import TOKEN_COOKIE
 from fairq.keys import Environment
-from fairq.models import Delivery, NackOutcome, QueueStats, VariantStats
-from fairq.server import connect, free_port
+from fairq.models import Delivery, NackOutcome
+from fairq.server import EmbeddedServer, connect, free_port
 from fairq.store import RunQueue, wall_clock_ms
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -253,32 +256,6 @@ async def test_served_share_prefers_the_record_workers_write(
     assert 0 < ttl <= metrics.SERVED_RETENTION_SECONDS
 
 
-def _stats(env: Environment, **queued: int) -> QueueStats:
-    variants = [VariantStats(k, n, 0, None) for k, n in queued.items()]
-    return QueueStats(env, "q", sum(queued.values()), 0, None, None, None, variants)
-
-
-def test_served_share_is_estimated_from_backlog_drops_without_a_record(env: Environment) -> None:
-    sampler = ServedSampler()
-    now = 10 * metrics.SERVED_BUCKET_MS * 1000
-    sampler.observe(_stats(env, a=50, b=5), now)
-    sampler.observe(_stats(env, a=47, b=4), now + 1500)  # a served 3, b 1
-    sampler.observe(_stats(env, a=49, b=3), now + 3000)  # a grew (arrivals): not served
-
-    windows = sampler.windows(env, "q", now + 3000)
-
-    assert windows[-1] == (now, {"a": 3, "b": 2})
-    assert sum(1 for _, counts in windows if counts) == 1
-
-
-def test_the_sampler_forgets_least_recently_polled_queues(env: Environment) -> None:
-    sampler = ServedSampler(max_queues=2)
-    for name in ("q1", "q2", "q3"):
-        stats = _stats(env, a=1)
-        sampler.observe(QueueStats(env, name, 1, 0, None, None, None, stats.variants), 0)
-    assert [k for k in sampler._queues] == [(env.id, "q2"), (env.id, "q3")]
-
-
 # ---------------------------------------------------------------------- access token
 
 
@@ -344,8 +321,15 @@ def test_cli_serves_with_a_token_and_stops_cleanly_on_ctrl_c(redis_url: str) -> 
 class ThreadedDashboard:
     """``fairq dashboard`` in a background thread with its own event loop and connection."""
 
-    def __init__(self, redis_url: str, config: RunQueueConfig, token: str | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        config: RunQueueConfig,
+        token: str | None = None,
+        **app_options: Any,
+    ) -> None:
         self.redis_url, self.config, self.token = redis_url, config, token
+        self.app_options = app_options
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._ready = threading.Event()
@@ -355,7 +339,7 @@ class ThreadedDashboard:
     async def _main(self) -> None:
         rq = RunQueue(await connect(self.redis_url), self.config)
         try:
-            self._server = create_server(rq, port=self.port, token=self.token)
+            self._server = create_server(rq, port=self.port, token=self.token, **self.app_options)
             self._ready.set()
             await self._server.serve()
         finally:
@@ -375,6 +359,14 @@ class ThreadedDashboard:
         if self._server is not None:
             self._server.should_exit = True
         self._thread.join(15)
+
+
+async def refreshed(page: Any) -> None:
+    """Wait for the page's first live refresh (an attribute check: the page's CSP allows
+    no string evaluation, so no ``wait_for_function``)."""
+    from playwright.async_api import expect
+
+    await expect(page.locator("body")).to_have_attribute("data-refreshed", re.compile(r"^\d+$"))
 
 
 @pytest.fixture
@@ -412,7 +404,7 @@ async def test_the_page_shows_ck_counts_live_and_redrive_empties_the_dlq(
                 # Server-rendered numbers, then the same after a live refresh.
                 await expect(row.locator('[data-field="queued"]')).to_have_text("10")
                 await expect(row.locator('[data-field="running"]')).to_have_text("6")
-                await page.wait_for_function("document.body.dataset.refreshed !== undefined")
+                await refreshed(page)
                 await expect(row.locator('[data-field="queued"]')).to_have_text("10")
 
                 # Live refresh: two runs finish, the page follows without a reload.
@@ -433,6 +425,168 @@ async def test_the_page_shows_ck_counts_live_and_redrive_empties_the_dlq(
                 assert await rq.run_state(env, "r1") == "queued"
             finally:
                 await browser.close()
+
+
+async def launch(pw: Any, chromium: Path, tmp_path: Path) -> Any:
+    return await pw.chromium.launch_persistent_context(
+        str(tmp_path / "profile"), executable_path=str(chromium), args=CHROMIUM_ARGS,
+        headless=True,
+    )  # fmt: skip
+
+
+async def test_a_queue_named_like_a_path_opens_its_own_page_in_the_browser(
+    chromium: Path, make_queue: MakeQueue, env: Environment, redis_url: str, tmp_path: Path
+) -> None:
+    """Given "a/../jobs" next to "jobs": a browser resolves an unencoded link
+    /queues/<env>/a/../jobs to /queues/<env>/jobs; the dashboard's links must not."""
+    from playwright.async_api import async_playwright, expect
+
+    rq = await make_queue()
+    await dead_letter(rq, env, "tricky-dead", queue="a/../jobs")
+    for i in range(7):
+        await rq.enqueue(env, "a/../jobs", f"tricky-{i}", now_ms=T0 + i)
+    for i in range(3):
+        await rq.enqueue(env, "jobs", f"plain-{i}", now_ms=T0 + i)
+    encoded_env = quote(env.id, safe="")
+
+    with ThreadedDashboard(redis_url, rq.config) as dash:
+        async with async_playwright() as pw:
+            browser = await launch(pw, chromium, tmp_path)
+            try:
+                page = await browser.new_page()
+                await page.goto(dash.url + "/")
+                await refreshed(page)  # the links are now the ones the live refresh built
+                section = page.locator(f'section[data-env="{env.id}"]')
+                await section.locator('tr[data-queue="a/../jobs"] a').click()
+
+                await expect(page).to_have_url(f"{dash.url}/queues/{encoded_env}/a%2F..%2Fjobs")
+                await expect(page.locator("header .crumbs strong")).to_have_text("a/../jobs")
+                await expect(page.locator('#tiles [data-field="queued"]')).to_have_text("7")
+                await refreshed(page)  # its JSON endpoint is its own too
+                await expect(page.locator('#tiles [data-field="queued"]')).to_have_text("7")
+
+                # Its redrive button comes back to its own page.
+                await page.locator('#dlq tr[data-run="tricky-dead"] button.redrive').click()
+                await expect(page.locator("#flash")).to_have_text("redriven tricky-dead")
+                await expect(page).to_have_url(re.compile(re.escape(
+                    f"{dash.url}/queues/{encoded_env}/a%2F..%2Fjobs?flash="
+                )))  # fmt: skip
+                await expect(page.locator('#tiles [data-field="queued"]')).to_have_text("8")
+
+                await page.goto(dash.url + "/")
+                await section.locator('tr[data-queue="jobs"] a').click()
+                await expect(page).to_have_url(f"{dash.url}/queues/{encoded_env}/jobs")
+                await expect(page.locator('#tiles [data-field="queued"]')).to_have_text("3")
+            finally:
+                await browser.close()
+
+
+#: Collects the page's CSP violations (Playwright's init scripts are not subject to CSP).
+CSP_PROBE = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", function (e) {
+  window.__cspViolations.push(e.violatedDirective + " " + (e.blockedURI || "inline"));
+});
+"""
+
+
+async def test_the_pages_work_under_their_csp_and_nothing_can_frame_them(
+    chromium: Path, make_queue: MakeQueue, env: Environment, redis_url: str, tmp_path: Path
+) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    rq = await make_queue()
+    leased = await ck_workload(rq, env)
+    await metrics.record_dequeue(rq, leased, now_ms=wall_clock_ms())  # the chart has a legend
+
+    with ThreadedDashboard(redis_url, rq.config) as dash:
+        async with async_playwright() as pw:
+            browser = await launch(pw, chromium, tmp_path)
+            try:
+                page = await browser.new_page()
+                await page.add_init_script(CSP_PROBE)
+                console: list[str] = []
+                page.on("console", lambda msg: console.append(msg.text))
+                await page.goto(dash.url + "/")
+                await refreshed(page)
+                assert await page.evaluate("() => window.__cspViolations") == []
+                await page.locator('tr[data-queue="emails"] a').click()
+                await refreshed(page)
+                # The stylesheet applies, the legend's colours too (set via the CSSOM).
+                swatch = page.locator("#legend .swatch").first
+                await expect(swatch).to_have_css("background-color", "rgb(59, 111, 216)")
+                await expect(page.locator(".tiles")).to_have_css("display", "grid")
+                assert await page.evaluate("() => window.__cspViolations") == []
+                assert not [m for m in console if "Content Security Policy" in m], console
+
+                # Another site framing the dashboard gets nothing (frame-ancestors, DENY).
+                framer = await browser.new_page()
+                await framer.set_content(
+                    f'<iframe id="f" src="{dash.url}/" width="600" height="400"></iframe>'
+                )
+                frame_host = framer.locator("#f")
+                await expect(frame_host).to_have_count(1)
+                inner = await (await frame_host.element_handle()).content_frame()
+                assert inner is not None
+                await inner.wait_for_load_state()
+                assert await inner.locator("section.env, #envs").count() == 0
+            finally:
+                await browser.close()
+
+
+@pytest.fixture
+def private_server() -> Iterator[EmbeddedServer]:
+    """A server of this test's own, to stop and start."""
+    server = EmbeddedServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_the_page_says_when_the_server_is_not_answering_and_comes_back_by_itself(
+    chromium: Path, private_server: EmbeddedServer, env: Environment, tmp_path: Path
+) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    rq = RunQueue(await connect(private_server.url))
+    try:
+        await rq.enqueue(env, "emails", "e1", now_ms=T0)
+        queue_url = f"/queues/{quote(env.id, safe='')}/emails"
+        not_answering = f"fairq server at {private_server.url} is not answering; retrying"
+        dash = ThreadedDashboard(
+            private_server.url, rq.config, server_url=private_server.url, retry_after_s=1
+        )
+        with dash:
+            async with async_playwright() as pw:
+                browser = await launch(pw, chromium, tmp_path)
+                try:
+                    page = await browser.new_page()
+                    await page.goto(dash.url + queue_url)
+                    await expect(page.locator('#tiles [data-field="queued"]')).to_have_text("1")
+
+                    private_server.stop()
+                    # The open page says so at its next refresh...
+                    await expect(page.locator("#live-text")).to_contain_text(
+                        not_answering, timeout=8000
+                    )
+                    await expect(page.locator("#live")).to_have_class(re.compile("stale"))
+                    # ...and a page opened now is the friendly 503, not a traceback.
+                    reply = await page.reload()
+                    assert reply is not None and reply.status == 503
+                    message = page.locator("#unavailable-message")
+                    await expect(message).to_contain_text(not_answering)
+
+                    private_server.start()  # same port, empty
+                    # The 503 page reloads itself into the queue page.
+                    await expect(page.locator('#tiles [data-field="queued"]')).to_have_text(
+                        "0", timeout=8000
+                    )
+                    await refreshed(page)
+                    await expect(page.locator("#live-text")).to_contain_text("live")
+                finally:
+                    await browser.close()
+    finally:
+        await rq.close()
 
 
 # ---------------------------------------------------------------------- README screenshot
@@ -512,7 +666,7 @@ async def test_render_the_readme_screenshot(
             try:
                 page = await browser.new_page()
                 await page.goto(f"{dash.url}/queues/{env.id}/video/encode")
-                await page.wait_for_function("document.body.dataset.refreshed !== undefined")
+                await refreshed(page)
                 await page.screenshot(path=str(target), full_page=True)
             finally:
                 await browser.close()

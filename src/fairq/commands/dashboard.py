@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from urllib.parse import quote
 
 import click
 
 from fairq.commands._common import open_queue, run_async, url_option
+from fairq.server import resolve_url
 
 #: Environment variable holding the dashboard's access token.
 TOKEN_ENV = "FAIRQ_DASHBOARD_TOKEN"
@@ -54,9 +56,11 @@ def command(host: str, port: int, token: str | None, url: str | None) -> None:
 async def _serve(host: str, port: int, token: str | None, url: str | None) -> None:
     from fairq.dashboard.app import create_server
 
-    rq = await open_queue(url)
+    resolved = await asyncio.to_thread(resolve_url, url)
+    rq = await open_queue(resolved)
     try:
-        server = create_server(rq, host=host, port=port, token=token)
+        # The URL is named on the page shown while the server does not answer.
+        server = create_server(rq, host=host, port=port, token=token, server_url=resolved)
         shown = f"[{host}]" if ":" in host else host
         link = f"http://{shown}:{port}/" + (f"?token={quote(token, safe='')}" if token else "")
         click.echo(f"fairq dashboard on {link}  (metrics: /metrics; Ctrl-C to stop)")

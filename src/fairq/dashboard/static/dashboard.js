@@ -34,6 +34,9 @@
   function badge(paused) {
     return el("span", { className: "badge " + (paused ? "paused" : "ok"), text: paused ? "paused" : "active" });
   }
+  // Every name is encoded whole: a queue called "a/../jobs" stays one path segment.
+  function queuePath(env, queue) { return "/queues/" + encodeURIComponent(env) + "/" + encodeURIComponent(queue); }
+  function redrivePath(env, runId) { return "/envs/" + encodeURIComponent(env) + "/dlq/" + encodeURIComponent(runId) + "/redrive"; }
   function setField(root, field, text) {
     var node = root.querySelector('[data-field="' + field + '"]');
     if (node && node.textContent !== text) node.textContent = text;
@@ -48,7 +51,7 @@
     }
     data.environments.forEach(function (e) {
       var rows = e.queues.map(function (q) {
-        var link = el("a", { href: "/queues/" + encodeURIComponent(e.env) + "/" + q.queue, text: q.queue });
+        var link = el("a", { href: queuePath(e.env, q.queue), text: q.queue });
         var state = el("td", { "data-field": "state" }, [badge(q.paused)]);
         return el("tr", { "data-queue": q.queue }, [
           el("td", {}, [link]),
@@ -101,9 +104,9 @@
     document.querySelector("#variants tbody").replaceChildren.apply(document.querySelector("#variants tbody"), vrows);
 
     document.getElementById("dlq-count").textContent = String(data.dead_lettered);
-    var back = "/queues/" + encodeURIComponent(data.env) + "/" + q.queue;
+    var back = queuePath(data.env, q.queue);
     var drows = data.dead_letters.map(function (d) {
-      var form = el("form", { method: "post", action: "/envs/" + encodeURIComponent(data.env) + "/dlq/" + d.run_id + "/redrive" }, [
+      var form = el("form", { method: "post", action: redrivePath(data.env, d.run_id) }, [
         el("input", { type: "hidden", name: "next", value: back }),
         el("button", { type: "submit", className: "redrive", text: "Redrive" }),
       ]);
@@ -169,8 +172,11 @@
       ctx.fillText("no runs served in the last 5 minutes", left + plotW / 2, top + plotH / 2);
     }
     legend.replaceChildren.apply(legend, served.series.map(function (s, k) {
+      // Colour set through the CSSOM: the page's CSP allows no inline style attribute.
+      var swatch = el("span", { className: "swatch" });
+      swatch.style.backgroundColor = PALETTE[k % PALETTE.length];
       return el("li", {}, [
-        el("span", { className: "swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
+        swatch,
         el("span", { className: "lk", text: s.label }),
         el("span", { className: "share", text: (s.share * 100).toFixed(1) + "%" }),
       ]);
@@ -181,7 +187,13 @@
   var live = document.getElementById("live"), liveText = document.getElementById("live-text");
   function refresh() {
     fetch(api, { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(function (r) {
+        if (r.ok) return r.json();
+        // A 503 says why (the fairq server is not answering); anything else: its status.
+        return r.json().catch(function () { return {}; }).then(function (b) {
+          throw new Error(b.detail || "HTTP " + r.status);
+        });
+      })
       .then(function (data) {
         if (page === "overview") renderOverview(data); else renderQueue(data);
         live.classList.remove("stale");
@@ -198,5 +210,6 @@
     drawChart(JSON.parse(document.getElementById("initial-data").textContent).served);
     window.addEventListener("resize", function () { refresh(); });
   }
+  if (page === "unavailable") { live.classList.add("stale"); liveText.textContent = "offline"; }
   if (api) setTimeout(refresh, REFRESH_MS);
 })();

@@ -1,0 +1,319 @@
+"""View models of the queues: what the dashboard pages, their JSON and ``fairq stats`` show.
+
+They are built from the public readers of :class:`~fairq.store.RunQueue` only
+(:meth:`~fairq.store.RunQueue.environments`, :meth:`~fairq.store.RunQueue.queues`,
+:meth:`~fairq.store.RunQueue.queues_stats`, :meth:`~fairq.store.RunQueue.env_stats`,
+:meth:`~fairq.store.RunQueue.dead_letters`). Queued | Running count keyless runs plus
+every concurrency-key (CK) variant, from the CK counters, so an overview costs a constant
+number of commands per queue.
+
+Each view has ``to_json()``: the dashboard's JSON endpoints return exactly that, its pages
+are rendered from it, and ``fairq stats --json`` prints it (with the keys of each queue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fairq.dashboard.served import ServedSampler, served_chart
+from fairq.keys import Environment
+from fairq.models import DeadLetter, EnvStats, QueueStats, VariantStats
+from fairq.store import RunQueue, wall_clock_ms
+
+#: Variant rows returned for a queue page.
+MAX_VARIANT_ROWS: Final = 200
+#: Dead letters listed on a queue page.
+MAX_DEAD_LETTERS: Final = 100
+#: Characters of a dead letter's payload shown.
+PAYLOAD_PREVIEW_CHARS: Final = 200
+
+
+def oldest_wait_s(oldest_score_ms: int | None, now_ms: int) -> float | None:
+    """Seconds the oldest available run has waited (None when nothing is queued)."""
+    return None if oldest_score_ms is None else max(0, now_ms - oldest_score_ms) / 1000.0
+
+
+def format_wait(seconds: float | None) -> str:
+    """``1.2 s``, ``3 m 04 s``, ``2 h 05 m``; ``—`` for nothing queued."""
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} m {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} m"
+
+
+def _busiest_first(v: VariantStats) -> tuple[int, str]:
+    return -(v.queued + v.running), v.concurrency_key
+
+
+def _size_limit(value: int | None) -> int | None:
+    # A stored 0 means "no cap", like an unset one.
+    return value or None
+
+
+@dataclass(frozen=True, slots=True)
+class VariantView:
+    """One concurrency-key variant of a queue."""
+
+    key: str
+    queued: int
+    running: int
+    oldest_wait_s: float | None
+    virtual_tag: float | None
+    weight: float
+
+    @classmethod
+    def of(cls, v: VariantStats, now_ms: int) -> VariantView:
+        return cls(
+            key=v.concurrency_key,
+            queued=v.queued,
+            running=v.running,
+            oldest_wait_s=oldest_wait_s(v.oldest_score_ms, now_ms),
+            virtual_tag=v.virtual_tag,
+            weight=v.weight,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "queued": self.queued,
+            "running": self.running,
+            "oldest_wait_s": self.oldest_wait_s,
+            "virtual_tag": self.virtual_tag,
+            "weight": self.weight,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """One queue: counts over keyless runs and every variant, and its limits."""
+
+    queue: str
+    queued: int
+    running: int
+    #: Per concurrency key; None: no queue limit; 0: paused.
+    concurrency_limit: int | None
+    #: Cap on queued runs (the queue's, else its environment's); None: no cap.
+    queue_size_limit: int | None
+    paused: bool
+    oldest_wait_s: float | None
+    #: Busiest first; empty unless asked for (``breakdown=True``).
+    variants: tuple[VariantView, ...] = ()
+
+    @classmethod
+    def of(cls, stats: QueueStats, now_ms: int) -> QueueView:
+        variants = sorted(stats.variants, key=_busiest_first)
+        return cls(
+            queue=stats.queue,
+            queued=stats.queued,
+            running=stats.running,
+            concurrency_limit=stats.concurrency_limit,
+            queue_size_limit=_size_limit(stats.queue_size_limit),
+            paused=stats.paused,
+            oldest_wait_s=oldest_wait_s(stats.oldest_score_ms, now_ms),
+            variants=tuple(VariantView.of(v, now_ms) for v in variants),
+        )
+
+    def to_json(self, *, keys: bool = False) -> dict[str, Any]:
+        """The queue's row; with ``keys``, its variants under ``"keys"``."""
+        row: dict[str, Any] = {
+            "queue": self.queue,
+            "queued": self.queued,
+            "running": self.running,
+            "concurrency_limit": self.concurrency_limit,
+            "queue_size_limit": self.queue_size_limit,
+            "paused": self.paused,
+            "oldest_wait_s": self.oldest_wait_s,
+        }
+        if keys:
+            row["keys"] = [v.to_json() for v in self.variants]
+        return row
+
+
+@dataclass(frozen=True, slots=True)
+class EnvView:
+    """One environment: its own counts and limits, and its queues."""
+
+    env: str
+    running: int
+    concurrency_limit: int
+    burst_factor: float
+    queue_size_limit: int | None
+    dead_lettered: int
+    queues: tuple[QueueView, ...]
+
+    @classmethod
+    def of(cls, stats: EnvStats, queues: list[QueueStats], now_ms: int) -> EnvView:
+        return cls(
+            env=stats.env.id,
+            running=stats.running,
+            concurrency_limit=stats.concurrency_limit,
+            burst_factor=stats.burst_factor,
+            queue_size_limit=_size_limit(stats.queue_size_limit),
+            dead_lettered=stats.dead_lettered,
+            queues=tuple(QueueView.of(q, now_ms) for q in queues),
+        )
+
+    @property
+    def queued(self) -> int:
+        """Runs queued over every queue of the environment."""
+        return sum(q.queued for q in self.queues)
+
+    def to_json(self, *, keys: bool = False) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "running": self.running,
+            "concurrency_limit": self.concurrency_limit,
+            "burst_factor": self.burst_factor,
+            "queue_size_limit": self.queue_size_limit,
+            "dead_lettered": self.dead_lettered,
+            "queues": [q.to_json(keys=keys) for q in self.queues],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Every environment (or one) with its queues, at one moment."""
+
+    now_ms: int
+    fair_order: bool
+    environments: tuple[EnvView, ...]
+
+    def to_json(self, *, keys: bool = False) -> dict[str, Any]:
+        return {
+            "now_ms": self.now_ms,
+            "fair_order": self.fair_order,
+            "environments": [e.to_json(keys=keys) for e in self.environments],
+        }
+
+
+async def load_overview(
+    rq: RunQueue,
+    *,
+    env: Environment | None = None,
+    breakdown: bool = False,
+    now_ms: int | None = None,
+) -> Overview:
+    """Every environment (or only ``env``) with its limits, DLQ size and queues.
+
+    Args:
+        breakdown: also read every queue's concurrency-key variants.
+    """
+    now = wall_clock_ms() if now_ms is None else now_ms
+    envs = [env] if env is not None else await rq.environments()
+    views: list[EnvView] = []
+    for e in envs:
+        names = await rq.queues(e)
+        stats = await rq.queues_stats(e, names, breakdown=breakdown) if names else []
+        views.append(EnvView.of(await rq.env_stats(e), stats, now))
+    return Overview(now_ms=now, fair_order=rq.fair, environments=tuple(views))
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterView:
+    run_id: str
+    queue: str
+    key: str | None
+    attempt: int
+    dead_lettered_at_ms: int
+    #: The start of the payload (:data:`PAYLOAD_PREVIEW_CHARS`).
+    payload: str
+
+    @classmethod
+    def of(cls, d: DeadLetter) -> DeadLetterView:
+        return cls(
+            run_id=d.run_id,
+            queue=d.queue,
+            key=d.concurrency_key,
+            attempt=d.attempt,
+            dead_lettered_at_ms=d.dead_lettered_at_ms,
+            payload=d.payload_json[:PAYLOAD_PREVIEW_CHARS],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "queue": self.queue,
+            "key": self.key,
+            "attempt": self.attempt,
+            "dead_lettered_at_ms": self.dead_lettered_at_ms,
+            "payload": self.payload,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDetail:
+    """One queue's page: counts, variants, the environment's dead letters, served share."""
+
+    now_ms: int
+    env: str
+    fair_order: bool
+    queue: QueueView
+    env_running: int
+    env_concurrency_limit: int
+    dead_lettered: int
+    dead_letters: tuple[DeadLetterView, ...]
+    #: :func:`fairq.dashboard.served.served_chart`.
+    served: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The page's data; at most :data:`MAX_VARIANT_ROWS` variants (busiest first)."""
+        return {
+            "now_ms": self.now_ms,
+            "env": self.env,
+            "fair_order": self.fair_order,
+            "queue": self.queue.to_json(),
+            "env_running": self.env_running,
+            "env_concurrency_limit": self.env_concurrency_limit,
+            "variant_count": len(self.queue.variants),
+            "variants": [v.to_json() for v in self.queue.variants[:MAX_VARIANT_ROWS]],
+            "dead_letters": [d.to_json() for d in self.dead_letters],
+            "dead_lettered": self.dead_lettered,
+            "served": self.served,
+        }
+
+
+async def load_queue_detail(
+    rq: RunQueue,
+    sampler: ServedSampler,
+    env: Environment,
+    queue: str,
+    *,
+    now_ms: int | None = None,
+) -> QueueDetail:
+    """One queue's page data (this poll also feeds ``sampler``'s served estimate)."""
+    now = wall_clock_ms() if now_ms is None else now_ms
+    stats = await rq.queue_stats(env, queue, breakdown=True)
+    served = await served_chart(rq, sampler, stats, now)
+    es = await rq.env_stats(env)
+    dead = await rq.dead_letters(env, limit=MAX_DEAD_LETTERS)
+    return QueueDetail(
+        now_ms=now,
+        env=env.id,
+        fair_order=rq.fair,
+        queue=QueueView.of(stats, now),
+        env_running=es.running,
+        env_concurrency_limit=es.concurrency_limit,
+        dead_lettered=es.dead_lettered,
+        dead_letters=tuple(DeadLetterView.of(d) for d in dead),
+        served=served,
+    )
+
+
+__all__ = [
+    "MAX_DEAD_LETTERS",
+    "MAX_VARIANT_ROWS",
+    "DeadLetterView",
+    "EnvView",
+    "Overview",
+    "QueueDetail",
+    "QueueView",
+    "VariantView",
+    "format_wait",
+    "load_overview",
+    "load_queue_detail",
+    "oldest_wait_s",
+]

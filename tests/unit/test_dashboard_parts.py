@@ -1,0 +1,195 @@
+"""The dashboard's parts that need no server: the served-share sampler and chart, the
+view models, the security rules, and the rule that the dashboard reads the store only
+through RunQueue's public methods."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from starlette.datastructures import Headers
+
+import fairq
+from fairq import metrics
+from fairq.dashboard.app import display_url, queue_api_path, queue_path, redrive_path
+from fairq.dashboard.security import cross_site_reason, local_path
+from fairq.dashboard.served import ServedSampler, served_share
+from fairq.dashboard.views import EnvView, QueueView, format_wait
+from fairq.keys import Environment
+from fairq.models import EnvStats, QueueStats, VariantStats
+
+# ---------------------------------------------------------------------- served share
+
+
+def _stats(env: Environment, **queued: int) -> QueueStats:
+    variants = [VariantStats(k, n, 0, None) for k, n in queued.items()]
+    return QueueStats(env, "q", sum(queued.values()), 0, None, None, None, variants)
+
+
+def test_served_share_is_estimated_from_backlog_drops_without_a_record(env: Environment) -> None:
+    sampler = ServedSampler()
+    now = 10 * metrics.SERVED_BUCKET_MS * 1000
+    sampler.observe(_stats(env, a=50, b=5), now)
+    sampler.observe(_stats(env, a=47, b=4), now + 1500)  # a served 3, b 1
+    sampler.observe(_stats(env, a=49, b=3), now + 3000)  # a grew (arrivals): not served
+
+    windows = sampler.windows(env, "q", now + 3000)
+
+    assert windows[-1] == (now, {"a": 3, "b": 2})
+    assert sum(1 for _, counts in windows if counts) == 1
+
+
+def test_the_sampler_forgets_least_recently_polled_queues(env: Environment) -> None:
+    sampler = ServedSampler(max_queues=2)
+    for name in ("q1", "q2", "q3"):
+        stats = _stats(env, a=1)
+        sampler.observe(QueueStats(env, name, 1, 0, None, None, None, stats.variants), 0)
+    assert sampler.tracked() == [(env.id, "q2"), (env.id, "q3")]
+
+
+def test_the_chart_shows_the_busiest_keys_and_sums_the_rest() -> None:
+    counts: dict[str | None, int] = {f"k{i}": 10 + i for i in range(10)}
+    counts[None] = 1
+    chart = served_share([(0, counts), (10_000, {"k0": 5})], top=3)
+
+    labels = [s["label"] for s in chart["series"]]
+    assert labels == ["k9", "k8", "k7", "other (8 keys)"]
+    assert chart["total"] == sum(n for n in counts.values() if n) + 5
+    assert chart["series"][-1]["counts"] == [10 + 11 + 12 + 13 + 14 + 15 + 16 + 1, 5]
+    assert sum(s["share"] for s in chart["series"]) == pytest.approx(1.0)
+    keyless = served_share([(0, {None: 2})])["series"]
+    assert [(s["key"], s["label"], s["share"]) for s in keyless] == [(None, "(no key)", 1.0)]
+
+
+# ---------------------------------------------------------------------- view models
+
+
+def test_a_queue_view_lists_the_busiest_keys_first_and_reads_a_zero_cap_as_none(
+    env: Environment,
+) -> None:
+    variants = [
+        VariantStats("b", 1, 0, 900),
+        VariantStats("a", 0, 1, None),
+        VariantStats("c", 5, 2, 400),
+    ]
+    stats = QueueStats(env, "q", 9, 3, 0, 0, 400, variants)
+
+    view = QueueView.of(stats, now_ms=1_400)
+
+    assert [v.key for v in view.variants] == ["c", "a", "b"]  # 7, then 1 and 1 by name
+    assert view.queue_size_limit is None and view.paused
+    assert view.oldest_wait_s == 1.0 and view.variants[2].oldest_wait_s == 0.5
+    row = view.to_json(keys=True)
+    assert [k["key"] for k in row["keys"]] == ["c", "a", "b"]
+    assert "keys" not in view.to_json()
+    env_view = EnvView.of(EnvStats(env, 3, 10, 1.0, 0, 0), [stats, stats], now_ms=1_400)
+    assert (env_view.queued, env_view.queue_size_limit) == (18, None)
+
+
+def test_format_wait() -> None:
+    assert [format_wait(s) for s in (None, 0, 1.25, 59.9, 60, 184, 3600, 7_500)] == [
+        "—", "0.0 s", "1.2 s", "59.9 s", "1 m 00 s", "3 m 04 s", "1 h 00 m", "2 h 05 m",
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------- URLs and rules
+
+
+def test_names_are_encoded_whole_in_urls() -> None:
+    env = "org:proj:prod"
+    assert queue_path(env, "a/../jobs") == "/queues/org%3Aproj%3Aprod/a%2F..%2Fjobs"
+    assert queue_api_path(env, "video/encode") == "/api/queues/org%3Aproj%3Aprod/video%2Fencode"
+    assert redrive_path(env, "r-1.2_x") == "/envs/org%3Aproj%3Aprod/dlq/r-1.2_x/redrive"
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("/", "/"),
+        ("/queues/o%3Ap%3Ae/a%2F..%2Fjobs?x=1", "/queues/o%3Ap%3Ae/a%2F..%2Fjobs?x=1"),
+        ("//evil.example/x", None),
+        ("/\\evil.example", None),
+        ("/\t/evil.example", None),
+        ("/ok\n", None),
+        ("https://evil.example/", None),
+        ("javascript:alert(1)", None),
+        ("queues/x", None),
+        ("", None),
+    ],
+)
+def test_only_paths_on_this_site_are_redirect_targets(target: str, expected: str | None) -> None:
+    assert local_path(target) == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "refused"),
+    [
+        ("POST", {}, False),  # not a browser (curl, scripts): the token rule applies
+        ("POST", {"sec-fetch-site": "same-origin", "origin": "http://dash:8765"}, False),
+        ("POST", {"sec-fetch-site": "none"}, False),
+        ("POST", {"origin": "http://DASH:8765"}, False),
+        ("POST", {"sec-fetch-site": "cross-site"}, True),
+        ("POST", {"sec-fetch-site": "same-site"}, True),
+        ("POST", {"origin": "http://evil.example"}, True),
+        ("POST", {"origin": "http://dash:9999"}, True),
+        ("POST", {"origin": "null"}, True),
+        ("DELETE", {"sec-fetch-site": "cross-site"}, True),
+        ("GET", {"sec-fetch-site": "cross-site", "origin": "http://evil.example"}, False),
+        ("HEAD", {"sec-fetch-site": "cross-site"}, False),
+    ],
+)
+def test_cross_site_rule(method: str, headers: dict[str, str], refused: bool) -> None:
+    reason = cross_site_reason(method, Headers({"host": "dash:8765", **headers}))
+    assert (reason is not None) is refused, reason
+
+
+def test_an_origin_without_a_host_header_is_refused() -> None:
+    assert cross_site_reason("POST", Headers({"origin": "http://dash"})) is not None
+
+
+def test_display_url_never_shows_credentials() -> None:
+    assert display_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert display_url("rediss://admin:s3cret@db.example:6380/2") == "rediss://db.example:6380/2"
+    assert display_url("redis://:s3cret@[::1]:6379") == "redis://[::1]:6379"
+    assert display_url("redis://db.example/0?password=s3cret") == "redis://db.example/0"
+    assert display_url("unix:///run/valkey.sock?db=1") == "unix:///run/valkey.sock"
+    assert display_url("redis://u@db.example/0#x") == "redis://db.example/0"
+    assert display_url("redis+cluster://n1.example:7000") == "redis+cluster://n1.example:7000"
+
+
+# ---------------------------------------------------------------------- store access
+
+SRC = Path(fairq.__file__).parent
+#: The dashboard and the commands built on its views.
+DASHBOARD_FILES = [
+    *sorted((SRC / "dashboard").glob("*.py")),
+    SRC / "commands" / "stats.py",
+    SRC / "commands" / "dashboard.py",
+]
+#: RunQueue internals a reader outside the store must not touch.
+STORE_INTERNALS = {"client", "keys", "pipeline", "_run", "_ctx", "_variants", "_scripts"}
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_dashboard_reads_the_store_through_public_methods_only(path: Path) -> None:
+    tree = ast.parse(path.read_text(), str(path))
+    touched = [
+        f"line {node.lineno}: .{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in STORE_INTERNALS
+    ]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            touched += [
+                f"line {node.lineno}: import {a.name}" for a in node.names if a.name == "redis"
+            ]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = {a.name for a in node.names}
+            if node.module == "redis" and names != {"exceptions"}:
+                touched.append(f"line {node.lineno}: from redis import {names}")
+            if node.module.startswith("redis.") and node.module != "redis.exceptions":
+                touched.append(f"line {node.lineno}: from {node.module}")
+            if node.module == "fairq.keys" and names != {"Environment"}:
+                touched.append(f"line {node.lineno}: from fairq.keys import {names}")
+    assert touched == [], path
