@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from fairq.sim.disciplines import DisciplineError, parse_discipline, split_discipline_list
-from fairq.sim.harness import BACKLOG_AGE_MS, generate, now_of
 from fairq.sim.scenario import (
     ScenarioError,
     builtin_names,
@@ -16,6 +15,7 @@ from fairq.sim.scenario import (
     loads_scenario,
     resolve_scenario,
 )
+from fairq.sim.workload import BACKLOG_AGE_MS, generate, now_of
 
 GOOD = """
 name = "tiny"

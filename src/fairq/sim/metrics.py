@@ -31,7 +31,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Any
 
-from fairq.sim.harness import Trace
+from fairq.sim.driver import Trace
 
 Record = dict[str, Any]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fairq.server import EmbeddedServer, connect
 from fairq.sim.disciplines import Discipline, parse_discipline
-from fairq.sim.harness import Simulation, Trace
+from fairq.sim.driver import Simulation, Trace
 from fairq.sim.metrics import Record, record
 from fairq.sim.scenario import Scenario
 
