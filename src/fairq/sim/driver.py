@@ -15,7 +15,11 @@ has the clock ``now_ms = BASE_MS + k x STEP_MS``; on each step, in this order:
 
 Steps on which nothing can change are skipped (the previous call served nothing and no
 ack or arrival is due); nothing sleeps. The messages themselves (arrival steps,
-timestamps, holds) come from :mod:`fairq.sim.workload`.
+timestamps, holds, tenants, queues, environments) come from :mod:`fairq.sim.workload`.
+
+Scenario fields this driver does not apply to the server yet are listed by
+:func:`unapplied_fields`; a run behaves as if they were absent (every message in
+:data:`SIM_ENV`, at grain ``ck`` on :data:`CK_QUEUE`) and its record's label says so.
 """
 
 from __future__ import annotations
@@ -37,16 +41,51 @@ from fairq.store import RunQueue
 
 #: Lease long enough that no simulated hold ever loses it.
 SIM_LEASE_MS = 86_400_000
+#: Scenario fields the driver does not apply yet (see :func:`unapplied_fields`).
+NOT_APPLIED = (
+    "tenant", "tenant_weight", "queues", "envs", "key_cap", "tenant_cap", "rate", "borrow",
+    "charge",
+)  # fmt: skip
 #: Commands that are the harness's own bookkeeping, not the queue's work.
 _UNCOUNTED = ("info", "config", "client", "hello", "ping", "script", "select", "auth", "command")
 
 
+def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
+    """The tenant, spread, limit and charging fields the scenario (or, for ``charge``, the
+    discipline) uses, in schema order. ``charge`` counts only with the fair order (sfq)
+    and only when it is ``duration``."""
+    groups = scenario.groups
+    used = {
+        "tenant": any(g.tenant is not None for g in groups),
+        "tenant_weight": any(g.tenant_weight is not None for g in groups),
+        "queues": any(g.queues > 1 for g in groups),
+        "envs": any(g.envs > 1 for g in groups),
+        "key_cap": any(g.key_cap is not None for g in groups),
+        "tenant_cap": any(g.tenant_cap is not None for g in groups),
+        "rate": any(g.rate is not None for g in groups),
+        "borrow": scenario.borrow,
+        "charge": discipline.name == "sfq" and discipline.charge(scenario.charge) == "duration",
+    }
+    return [name for name, on in used.items() if on]
+
+
+def unapplied_fields(scenario: Scenario, discipline: Discipline) -> list[str]:
+    """The fields in use that this driver does not apply (the run ignores them)."""
+    return [name for name in fields_in_use(scenario, discipline) if name in NOT_APPLIED]
+
+
 @dataclass
 class Trace:
-    """What one run did: the raw material of every metric and plot."""
+    """What one run did: the raw material of every metric and plot.
+
+    ``serve_step``: the step of each message's first delivery; ``release_step``: the
+    step that delivery's slot is released (acked), ``serve_step + hold``: the message
+    occupies a slot on the steps ``serve_step .. release_step - 1``.
+    """
 
     workload: Workload
     serve_step: dict[str, int] = field(default_factory=dict)
+    release_step: dict[str, int] = field(default_factory=dict)
     deliveries: int = 0
     duplicates: int = 0
     dequeue_calls: int = 0
@@ -130,7 +169,10 @@ class Simulation:
                 interval=discipline.codel.get("interval", 10),
             )
         self.by_id = {m.run_id: m for m in w.messages}
-        self.queue_of_key = w.key_queues
+        # grain ck: every variant on CK_QUEUE (the ``queues`` spread is not applied)
+        self.queue_of_key = (
+            w.key_queues if scenario.grain == "queue" else {k: [CK_QUEUE] for k in w.keys}
+        )
         # driver-side bookkeeping (never consulted by age/sfq, which the scripts order)
         self.waiting: dict[str, deque[SimMessage]] = {}
         for key in w.keys:
@@ -211,7 +253,7 @@ class Simulation:
                     [
                         EnqueueRequest(
                             SIM_ENV,
-                            m.queue,
+                            m.queue if self.scenario.grain == "queue" else CK_QUEUE,
                             m.run_id,
                             None,
                             m.key if self.scenario.grain == "ck" else None,
@@ -235,6 +277,7 @@ class Simulation:
                         self.trace.duplicates += 1
                     else:
                         self.trace.serve_step[d.run_id] = step
+                        self.trace.release_step[d.run_id] = step + m.hold
                         queued -= 1
                         served += 1
                         sojourns.append(step - m.arrival_step)
