@@ -181,12 +181,12 @@ def test_the_cli_lists_runs_and_writes_json_and_plots(
         ("mini", "sfq:arrival_cap=2,join=behind_leader", 1),
     ]  # fmt: skip
     assert set(records[0]) == {
-        "scenario", "discipline", "seed", "groups", "makespan", "contention_worst_share",
-        "enqueued", "served", "duplicates", "commands_per_serve",
+        "scenario", "discipline", "seed", "groups", "tenants", "makespan",
+        "contention_worst_share", "enqueued", "served", "duplicates", "commands_per_serve",
     }  # fmt: skip
     assert set(records[0]["groups"]["a"]) == {
         "mean_wait", "p50_wait", "p99_wait", "max_wait", "first_serve_step", "served",
-        "contention_share",
+        "contention_share", "slot_share",
     }  # fmt: skip
     assert (tmp_path / "plots" / "mini.png").stat().st_size > 1000
     bad = runner.invoke(command, [str(scenario), "--discipline", "wfq"])

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from fairq.sim.disciplines import DisciplineError, parse_discipline, split_discipline_list
-from fairq.sim.harness import BACKLOG_AGE_MS, generate, now_of
 from fairq.sim.scenario import (
     ScenarioError,
     builtin_names,
@@ -16,6 +15,7 @@ from fairq.sim.scenario import (
     loads_scenario,
     resolve_scenario,
 )
+from fairq.sim.workload import BACKLOG_AGE_MS, generate, now_of
 
 GOOD = """
 name = "tiny"
@@ -69,9 +69,12 @@ def test_every_builtin_scenario_is_valid_and_listed() -> None:
     for required in (
         "balanced", "adversarialSkew", "weighted", "burst", "longHold", "trickleStale",
         "ckSkew", "ckTrickle", "ckSybil", "ckBalanced", "ckHeavyIdle", "ckManyKeys",
-        "ckStalledNewcomer", "ckLateLight", "ckFreshKeyFlood",
+        "ckStalledNewcomer", "ckLateLight", "ckFreshKeyFlood", "tenantManyKeys",
+        "tenantKeyFlood", "tenantQueues", "tenantTenThousandKeys", "tenantWeighted",
+        "capHiddenKeys", "borrowLoneKey", "chargeLongShort", "rateLimited",
     ):  # fmt: skip
         assert required in names
+    assert len(names) == len(set(names))
     assert {s.grain for s in builtin_scenarios()} == {"ck", "queue"}
     assert resolve_scenario("ckSkew").name == "ckSkew"
 
@@ -164,3 +167,139 @@ def test_arrival_shapes_follow_the_spikes() -> None:
     assert [m.arrival_step for m in generate(s, seed=4).messages] != [
         m.arrival_step for m in w.messages
     ]
+
+
+# --------------------------------------------------------------------------- tenants, limits
+
+TENANTS = """
+name = "tenants"
+grain = "ck"
+borrow = true
+charge = "duration"
+disciplines = ["age", "sfq:charge=duration"]
+
+[[groups]]
+name = "wide"
+tenant = "acme"
+tenant_weight = 3
+tenant_cap = 4
+keys = 6
+queues = 3
+envs = 2
+key_cap = 1
+rate = 0.5
+rate_burst = 3
+messages_per_key = 2
+arrival = "backlog"
+
+[[groups]]
+name = "more"
+tenant = "acme"
+keys = 1
+messages_per_key = 1
+arrival = "backlog"
+
+[[groups]]
+name = "solo"
+keys = 2
+tenant_weight = 2
+key_cap = 0
+rate = 2
+messages_per_key = 1
+arrival = "backlog"
+"""
+
+
+def test_tenant_spread_limit_and_charge_fields_load() -> None:
+    s = loads_scenario(TENANTS, source="<t>")
+    wide, more, solo = s.groups
+    assert (wide.tenant, wide.tenant_weight, wide.tenant_cap) == ("acme", 3.0, 4)
+    assert (wide.queues, wide.envs, wide.key_cap) == (3, 2, 1)
+    assert wide.rate is not None and (wide.rate.per_step, wide.rate.burst) == (0.5, 3)
+    # a tenant's other groups inherit its weight and cap; rate_burst defaults to 1
+    assert (more.tenant_weight, more.tenant_cap) == (None, None)
+    assert (s.tenant_weight_of(more), s.tenant_cap_of(more)) == (3.0, 4)
+    # a group without a tenant: a tenant per key, weighted tenant_weight (else weight)
+    assert solo.tenant is None and s.tenant_weight_of(solo) == 2.0
+    assert s.tenant_cap_of(solo) is None
+    assert solo.key_cap == 0 and solo.rate is not None and solo.rate.burst == 1
+    assert (s.borrow, s.charge) == (True, "duration")
+    assert s.disciplines == ("age", "sfq:charge=duration")
+
+
+def test_the_new_fields_default_to_todays_meaning() -> None:
+    s = loads_scenario(GOOD, source="<good>")
+    assert (s.borrow, s.charge) == (False, "count")
+    for g in s.groups:
+        assert (g.tenant, g.tenant_weight, g.key_cap, g.tenant_cap, g.rate) == (None,) * 5
+        assert (g.queues, g.envs) == (1, 1)
+    heavy, light = s.groups
+    # a key that is its own tenant is weighted like the key
+    assert (s.tenant_weight_of(heavy), s.tenant_weight_of(light)) == (1.0, 2.0)
+
+
+def _swap(old: str, new: str, *, count: int = 1) -> str:
+    assert TENANTS.count(old) >= count, old
+    return TENANTS.replace(old, new, count)
+
+
+BAD_TENANTS = [
+    (_swap('tenant = "acme"', "tenant = 5"), "groups[0].tenant", "must be a string"),
+    (_swap('tenant = "acme"', 'tenant = "a b"'), "groups[0].tenant", "is not a name"),
+    (_swap('tenant = "acme"', 'tenant = "solo-1"'), "groups[0].tenant", "also a key"),
+    (_swap("tenant_weight = 3", "tenant_weight = 0"), "groups[0].tenant_weight", "must be in"),
+    (_swap("tenant_weight = 3", 'tenant_weight = "x"'), "groups[0].tenant_weight", "a number"),
+    (
+        _swap('tenant = "acme"\nkeys = 1', 'tenant = "acme"\ntenant_weight = 2\nkeys = 1'),
+        "groups[1].tenant_weight", "same tenant_weight",
+    ),
+    (
+        _swap('tenant = "acme"\nkeys = 1', 'tenant = "acme"\ntenant_cap = 5\nkeys = 1'),
+        "groups[1].tenant_cap", "same tenant_cap",
+    ),
+    (_swap("tenant_cap = 4", "tenant_cap = -1"), "groups[0].tenant_cap", "0..1000000"),
+    (_swap("queues = 3", "queues = 0"), "groups[0].queues", "1..1000"),
+    (_swap("queues = 3", "queues = 4"), "groups[0].queues", "need at least 8 keys"),
+    (_swap("envs = 2", "envs = 0"), "groups[0].envs", "1..1000"),
+    (_swap("queues = 3", "queues = 1").replace("envs = 2", "envs = 7"), "groups[0].envs",
+     "need at least 7 keys"),
+    (_swap('grain = "ck"', 'grain = "queue"'), "groups[0].queues", "queues_per_key"),
+    (_swap("key_cap = 1", "key_cap = -1"), "groups[0].key_cap", "0..1000000"),
+    (_swap("key_cap = 1", "key_cap = 1.5"), "groups[0].key_cap", "must be an integer"),
+    (_swap("rate = 0.5", "rate = 0"), "groups[0].rate", "must be in (0.0, 1000.0]"),
+    (_swap("rate = 0.5", 'rate = "fast"'), "groups[0].rate", "must be a number"),
+    (_swap("rate_burst = 3", "rate_burst = 0"), "groups[0].rate_burst", "1..1000000"),
+    (_swap("rate = 0.5\n", ""), "groups[0].rate_burst", "needs rate"),
+    (_swap("borrow = true", 'borrow = "yes"'), "borrow", "true or false"),
+    (_swap("borrow = true", "borrow = 1"), "borrow", "true or false"),
+    (_swap('charge = "duration"', 'charge = "time"'), "charge", '"count" or "duration"'),
+    (_swap('"sfq:charge=duration"', '"sfq:charge=time"'), "disciplines[1]", "charge must be"),
+    (_swap('"sfq:charge=duration"', '"age:charge=duration"'), "disciplines[1]",
+     "unknown option"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "field", "reason"), BAD_TENANTS)
+def test_a_bad_tenant_or_limit_field_is_rejected(text: str, field: str, reason: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        loads_scenario(text, source="tenants.toml")
+    err = info.value
+    assert (err.source, err.field) == ("tenants.toml", field)
+    assert reason in err.reason
+
+
+def test_a_tenant_named_like_a_key_beyond_the_groups_keys_is_fine() -> None:
+    # solo has keys solo-0 and solo-1: "solo-2" and "solo-01" are no key's name
+    for name in ("solo-2", "solo-01", "solo"):
+        s = loads_scenario(TENANTS.replace('tenant = "acme"', f'tenant = "{name}"', 1))
+        assert s.groups[0].tenant == name
+
+
+def test_the_charge_option_overrides_the_scenarios_charge() -> None:
+    assert parse_discipline("sfq:charge=duration").charge("count") == "duration"
+    assert parse_discipline("sfq:charge=count").charge("duration") == "count"
+    assert parse_discipline("sfq").charge("duration") == "duration"
+    assert parse_discipline("codel:sfq:charge=duration").spec == "codel:sfq:charge=duration"
+    assert split_discipline_list(["age,sfq:charge=duration,join=behind_leader"]) == [
+        "age", "sfq:charge=duration,join=behind_leader",
+    ]  # fmt: skip

@@ -77,9 +77,15 @@ async def command(
     console = Console(stderr=True)
     out = Console()
     if list_only:
-        for s in builtin_scenarios():
-            out.print(f"[bold]{s.name:<18}[/bold] {s.grain:<5} {s.description}", highlight=False)
-            out.print(f"{'':<18} table: {' '.join(s.disciplines)}", highlight=False, soft_wrap=True)
+        listed = builtin_scenarios()
+        width = max(18, *(len(s.name) for s in listed))
+        for s in listed:
+            out.print(
+                f"[bold]{s.name:<{width}}[/bold] {s.grain:<5} {s.description}", highlight=False
+            )
+            out.print(
+                f"{'':<{width}} table: {' '.join(s.disciplines)}", highlight=False, soft_wrap=True
+            )
         return
     if not scenarios:
         raise click.UsageError("name at least one SCENARIO (or 'all'), or use --list")

@@ -15,6 +15,8 @@ option                   disciplines            meaning
 join                     sfq                    ``floor`` | ``behind_leader`` (join policy)
 arrival_cap              sfq                    with behind_leader: max start above the floor
 quantum                  sfq, drr               virtual time per serve / DRR quantum
+charge                   sfq                    ``count`` | ``duration`` (overrides the
+                                                scenario's ``charge``)
 window                   age, sfq               scan window multiplier
 max_per_key_per_call     age, sfq               serves per variant per call
 per_key_cap              all                    real per-key gate (0 = none)
@@ -39,6 +41,7 @@ _OPTIONS: dict[str, dict[str, type]] = {
         "join": str,
         "arrival_cap": float,
         "quantum": float,
+        "charge": str,
         "window": int,
         "max_per_key_per_call": int,
         "per_key_cap": int,
@@ -90,6 +93,13 @@ class Discipline:
         assert isinstance(value, int)
         return value
 
+    def charge(self, default: str) -> str:
+        """How a serve is charged in the fair order: the ``charge`` option, else
+        ``default`` (the scenario's)."""
+        value = self.options.get("charge", default)
+        assert isinstance(value, str)
+        return value
+
 
 def _fmt(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
@@ -115,6 +125,8 @@ def _convert(name: str, option: str, raw: str, kind: type) -> object:
         raise DisciplineError(f"{name}: option {option}={raw!r} must be a {expected}") from None
     if option == "join" and value not in ("floor", "behind_leader"):
         raise DisciplineError(f"{name}: join must be 'floor' or 'behind_leader', got {raw!r}")
+    if option == "charge" and value not in ("count", "duration"):
+        raise DisciplineError(f"{name}: charge must be 'count' or 'duration', got {raw!r}")
     if option in ("window", "max_per_key_per_call", "target", "interval") and value == 0:
         raise DisciplineError(f"{name}: {option} must be at least 1")
     return value

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from fairq.sim.harness import Trace
+from fairq.sim.driver import Trace
 
 
 def plot_scenario(scenario: str, traces: dict[str, Trace], out_dir: Path) -> Path:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fairq.server import EmbeddedServer, connect
 from fairq.sim.disciplines import Discipline, parse_discipline
-from fairq.sim.harness import Simulation, Trace
+from fairq.sim.driver import Simulation, Trace, unapplied_fields
 from fairq.sim.metrics import Record, record
 from fairq.sim.scenario import Scenario
 
@@ -33,7 +33,8 @@ class RunSpec:
 
 def discipline_label(scenario: Scenario, discipline: Discipline) -> str:
     """The record's ``discipline``: the canonical spec plus the caps in force; a total cap
-    is marked as modelled by the driver (no server gate exists for it yet)."""
+    is marked as modelled by the driver (no server gate exists for it yet), and the
+    scenario fields the driver did not apply are listed (``(not applied: rate)``)."""
     label = discipline.spec
     extra = []
     if scenario.per_key_cap and "per_key_cap" not in discipline.options:
@@ -45,6 +46,9 @@ def discipline_label(scenario: Scenario, discipline: Discipline) -> str:
         label += ("," if ":" in label.split("codel:")[-1] else ":") + ",".join(extra)
     if total:
         label += " (total_cap driver-modelled)"
+    unapplied = unapplied_fields(scenario, discipline)
+    if unapplied:
+        label += f" (not applied: {', '.join(unapplied)})"
     return label
 
 

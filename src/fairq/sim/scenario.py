@@ -6,6 +6,10 @@ A scenario describes a workload on one environment, on a logical clock of steps:
 * ``grain = "queue"``: every key is a tenant owning ``queues_per_key`` base queues of one
   environment (a message goes to its tenant's queues round-robin).
 
+Above the keys are tenants: a group with ``tenant = "NAME"`` puts every one of its keys
+in that tenant (groups naming the same tenant share it); a group without one makes each
+of its keys a tenant of its own, named after the key.
+
 Top-level fields (defaults in brackets)::
 
     name            string   [file stem]        description   string [""]
@@ -14,11 +18,22 @@ Top-level fields (defaults in brackets)::
     max_count       int 1..1000 [10]            steps_limit   int >= 1 [100000]
     hold_steps      HOLD [1]                    per_key_cap   int >= 0 [0 = none]
     total_cap       int >= 0 [0 = none]         disciplines   [string] [["age", "sfq"]]
+    borrow          bool [false]                charge        "count" | "duration" ["count"]
     [[groups]]      one or more GROUP tables
 
     GROUP: name (string, unique), keys (int >= 1), messages_per_key (int >= 1),
            weight (float > 0) [1.0], arrival (ARRIVAL, required),
-           hold_steps (HOLD) [scenario's], queues_per_key (int >= 1, grain queue) [1]
+           hold_steps (HOLD) [scenario's], queues_per_key (int >= 1, grain queue) [1],
+           tenant (name) [none: a tenant per key],
+           tenant_weight (float > 0) [1.0 for a named tenant, else the key's weight],
+           queues (int >= 1, grain ck) [1], envs (int >= 1) [1],
+           key_cap (int >= 0) [per_key_cap], tenant_cap (int >= 0) [none],
+           rate (float > 0, runs started per step per key) [none],
+           rate_burst (int >= 1, needs rate) [1]
+    A tenant's groups must agree on tenant_weight and tenant_cap (a group that leaves one
+    out takes the value its tenant's other groups give). The keys of a group spread
+    round-robin over its environments, then over its queues: key i is in environment
+    i mod envs and on queue (i div envs) mod queues, so queues x envs <= keys.
     ARRIVAL: "backlog"
            | {kind = "backlog"}                         all at step 0, one shared old timestamp
            | {kind = "burst", start = S}                all at step S
@@ -43,6 +58,7 @@ from typing import Any, Literal
 from fairq.errors import FairqError
 
 Grain = Literal["ck", "queue"]
+Charge = Literal["count", "duration"]
 
 #: Largest number of messages one scenario may generate.
 MAX_MESSAGES = 2_000_000
@@ -92,8 +108,21 @@ class Arrival:
 
 
 @dataclass(frozen=True, slots=True)
+class Rate:
+    """A token bucket: ``per_step`` runs started per step on average, at most ``burst`` at
+    once (the bucket's size)."""
+
+    per_step: float
+    burst: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Group:
-    """A set of keys with the same shape of work."""
+    """A set of keys with the same shape of work.
+
+    ``tenant`` None: each key is a tenant of its own. ``tenant_weight``, ``key_cap``,
+    ``tenant_cap`` None: not set by this group (see :meth:`Scenario.tenant_weight_of`).
+    """
 
     name: str
     keys: int
@@ -102,6 +131,17 @@ class Group:
     weight: float = 1.0
     hold: Hold | None = None
     queues_per_key: int = 1
+    tenant: str | None = None
+    tenant_weight: float | None = None
+    queues: int = 1
+    envs: int = 1
+    key_cap: int | None = None
+    tenant_cap: int | None = None
+    rate: Rate | None = None
+
+    def key_name(self, i: int) -> str:
+        """The name of the group's key ``i`` (0-based)."""
+        return f"{self.name}-{i}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +161,32 @@ class Scenario:
     steps_limit: int = 100_000
     disciplines: tuple[str, ...] = ("age", "sfq")
     source: str = ""
+    borrow: bool = False
+    charge: Charge = "count"
 
     @property
     def total_messages(self) -> int:
         return sum(g.keys * g.messages_per_key for g in self.groups)
+
+    def tenant_weight_of(self, group: Group) -> float:
+        """The weight of the tenant(s) of ``group``'s keys: the tenant's ``tenant_weight``
+        (given by any of its groups), else 1.0 for a named tenant and the key's weight for
+        a key that is its own tenant."""
+        if group.tenant is None:
+            return group.tenant_weight if group.tenant_weight is not None else group.weight
+        for g in self.groups:
+            if g.tenant == group.tenant and g.tenant_weight is not None:
+                return g.tenant_weight
+        return 1.0
+
+    def tenant_cap_of(self, group: Group) -> int | None:
+        """The cap of the tenant(s) of ``group``'s keys (None: no tenant cap)."""
+        if group.tenant is None:
+            return group.tenant_cap
+        for g in self.groups:
+            if g.tenant == group.tenant and g.tenant_cap is not None:
+                return g.tenant_cap
+        return None
 
 
 # --------------------------------------------------------------------------- validation
@@ -238,6 +300,110 @@ class _Checker:
             arrival = Arrival(arrival.kind, arrival.start, arrival.every, arrival.rate, stagger)
         return arrival
 
+    def boolean(self, value: object, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(path, f"must be true or false, got {value!r}")
+        return value
+
+    def group(self, raw: object, path: str, grain: Grain) -> Group:
+        g = self.table(raw, path)
+        self.known(g, path, _GROUP_FIELDS)
+        for required in ("name", "keys", "messages_per_key", "arrival"):
+            if required not in g:
+                raise self.fail(f"{path}.{required}", "required")
+        name = self.name(g["name"], f"{path}.name")
+        keys = self.integer(g["keys"], f"{path}.keys", 1, MAX_KEYS)
+        queues_per_key = self.integer(g.get("queues_per_key", 1), f"{path}.queues_per_key", 1, 1000)
+        if grain == "ck" and queues_per_key != 1:
+            raise self.fail(f"{path}.queues_per_key", 'only meaningful at grain "queue"')
+        queues = self.integer(g.get("queues", 1), f"{path}.queues", 1, MAX_SPREAD)
+        if grain == "queue" and queues != 1:
+            raise self.fail(
+                f"{path}.queues",
+                'only meaningful at grain "ck" (at grain "queue" use queues_per_key)',
+            )
+        envs = self.integer(g.get("envs", 1), f"{path}.envs", 1, MAX_SPREAD)
+        if queues * envs > keys:
+            where = f"{path}.queues" if queues > 1 else f"{path}.envs"
+            raise self.fail(
+                where,
+                f"{queues} queue(s) x {envs} environment(s) need at least {queues * envs} "
+                f"keys (each key lives on one queue of one environment), got {keys}",
+            )
+        rate: Rate | None = None
+        if "rate" in g:
+            per_step = self.number(g["rate"], f"{path}.rate", 0.0, 1000.0, open_low=True)
+            burst = self.integer(g.get("rate_burst", 1), f"{path}.rate_burst", 1, 1_000_000)
+            rate = Rate(per_step, burst)
+        elif "rate_burst" in g:
+            raise self.fail(f"{path}.rate_burst", "needs rate (runs started per step)")
+        return Group(
+            name=name,
+            keys=keys,
+            messages_per_key=self.integer(
+                g["messages_per_key"], f"{path}.messages_per_key", 1, MAX_MESSAGES
+            ),
+            arrival=self.arrival(g["arrival"], f"{path}.arrival"),
+            weight=self.number(g.get("weight", 1.0), f"{path}.weight", 0.001, 1000.0),
+            hold=self.hold(g["hold_steps"], f"{path}.hold_steps") if "hold_steps" in g else None,
+            queues_per_key=queues_per_key,
+            tenant=self.name(g["tenant"], f"{path}.tenant") if "tenant" in g else None,
+            tenant_weight=(
+                self.number(g["tenant_weight"], f"{path}.tenant_weight", 0.001, 1000.0)
+                if "tenant_weight" in g
+                else None
+            ),
+            queues=queues,
+            envs=envs,
+            key_cap=(
+                self.integer(g["key_cap"], f"{path}.key_cap", 0, 1_000_000)
+                if "key_cap" in g
+                else None
+            ),
+            tenant_cap=(
+                self.integer(g["tenant_cap"], f"{path}.tenant_cap", 0, 1_000_000)
+                if "tenant_cap" in g
+                else None
+            ),
+            rate=rate,
+        )
+
+    def tenants(self, groups: list[Group]) -> None:
+        """A tenant's groups agree on its weight and cap; no tenant is named like a key
+        of a group that has no tenant (that key is a tenant of its own)."""
+        declared: dict[tuple[str, str], tuple[object, int]] = {}
+        for i, g in enumerate(groups):
+            if g.tenant is None:
+                continue
+            for attr in ("tenant_weight", "tenant_cap"):
+                value = getattr(g, attr)
+                if value is None:
+                    continue
+                first = declared.setdefault((g.tenant, attr), (value, i))
+                if first[0] != value:
+                    raise self.fail(
+                        f"groups[{i}].{attr}",
+                        f"tenant {g.tenant!r} already has {attr} {first[0]} (groups[{first[1]}]); "
+                        f"every group of a tenant must give the same {attr}",
+                    )
+        named = [(i, g.tenant) for i, g in enumerate(groups) if g.tenant is not None]
+        if not named:
+            return
+        own = {
+            g.key_name(k): j
+            for j, g in enumerate(groups)
+            if g.tenant is None
+            for k in range(g.keys)
+        }
+        for i, tenant in named:
+            if tenant in own:
+                j = own[tenant]
+                raise self.fail(
+                    f"groups[{i}].tenant",
+                    f"{tenant!r} is also a key of groups[{j}] ({groups[j].name!r}), which has "
+                    f"no tenant, so that key is a tenant of its own: choose another name",
+                )
+
     def _start(self, t: dict[str, Any], path: str, *, required: bool = False) -> int:
         if "start" not in t:
             if required:
@@ -249,10 +415,14 @@ class _Checker:
 _TOP_FIELDS = {
     "name", "description", "grain", "env_concurrency", "burst_factor", "max_count",
     "hold_steps", "per_key_cap", "total_cap", "steps_limit", "disciplines", "groups",
+    "borrow", "charge",
 }  # fmt: skip
 _GROUP_FIELDS = {
     "name", "keys", "messages_per_key", "weight", "arrival", "hold_steps", "queues_per_key",
+    "tenant", "tenant_weight", "queues", "envs", "key_cap", "tenant_cap", "rate", "rate_burst",
 }  # fmt: skip
+#: Largest number of environments (and of base queues) one group may spread over.
+MAX_SPREAD = 1000
 
 
 def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "") -> Scenario:
@@ -277,6 +447,10 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
     per_key_cap = c.integer(data.get("per_key_cap", 0), "per_key_cap", 0, 1_000_000)
     total_cap = c.integer(data.get("total_cap", 0), "total_cap", 0, 1_000_000)
     steps_limit = c.integer(data.get("steps_limit", 100_000), "steps_limit", 1, MAX_STEPS)
+    borrow = c.boolean(data.get("borrow", False), "borrow")
+    charge = data.get("charge", "count")
+    if charge not in ("count", "duration"):
+        raise c.fail("charge", f'must be "count" or "duration", got {charge!r}')
     raw_disciplines = data.get("disciplines", ["age", "sfq"])
     if not isinstance(raw_disciplines, list) or not raw_disciplines:
         raise c.fail("disciplines", "must be a non-empty list of discipline specs")
@@ -297,32 +471,12 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
     groups: list[Group] = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_groups):
-        path = f"groups[{i}]"
-        g = c.table(raw, path)
-        c.known(g, path, _GROUP_FIELDS)
-        for required in ("name", "keys", "messages_per_key", "arrival"):
-            if required not in g:
-                raise c.fail(f"{path}.{required}", "required")
-        gname = c.name(g["name"], f"{path}.name")
-        if gname in seen:
-            raise c.fail(f"{path}.name", f"duplicate group name {gname!r}")
-        seen.add(gname)
-        queues_per_key = c.integer(g.get("queues_per_key", 1), f"{path}.queues_per_key", 1, 1000)
-        if grain == "ck" and queues_per_key != 1:
-            raise c.fail(f"{path}.queues_per_key", 'only meaningful at grain "queue"')
-        groups.append(
-            Group(
-                name=gname,
-                keys=c.integer(g["keys"], f"{path}.keys", 1, MAX_KEYS),
-                messages_per_key=c.integer(
-                    g["messages_per_key"], f"{path}.messages_per_key", 1, MAX_MESSAGES
-                ),
-                arrival=c.arrival(g["arrival"], f"{path}.arrival"),
-                weight=c.number(g.get("weight", 1.0), f"{path}.weight", 0.001, 1000.0),
-                hold=c.hold(g["hold_steps"], f"{path}.hold_steps") if "hold_steps" in g else None,
-                queues_per_key=queues_per_key,
-            )
-        )
+        group = c.group(raw, f"groups[{i}]", grain)
+        if group.name in seen:
+            raise c.fail(f"groups[{i}].name", f"duplicate group name {group.name!r}")
+        seen.add(group.name)
+        groups.append(group)
+    c.tenants(groups)
     scenario = Scenario(
         name=name,
         grain=grain,
@@ -337,6 +491,8 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
         steps_limit=steps_limit,
         disciplines=tuple(disciplines),
         source=source,
+        borrow=borrow,
+        charge=charge,
     )
     if sum(g.keys for g in groups) > MAX_KEYS:
         raise c.fail("groups", f"more than {MAX_KEYS} keys in all")

@@ -14,9 +14,12 @@ has the clock ``now_ms = BASE_MS + k x STEP_MS``; on each step, in this order:
 4. every delivered message is recorded with its step.
 
 Steps on which nothing can change are skipped (the previous call served nothing and no
-ack or arrival is due); nothing sleeps. Arrival shapes follow the seed's spikes: a
-backlog arrives at step 0 with one shared old timestamp, later messages carry their own
-later timestamps (with a seeded sub-step offset, so no tie is ever broken by key name).
+ack or arrival is due); nothing sleeps. The messages themselves (arrival steps,
+timestamps, holds, tenants, queues, environments) come from :mod:`fairq.sim.workload`.
+
+Scenario fields this driver does not apply to the server yet are listed by
+:func:`unapplied_fields`; a run behaves as if they were absent (every message in
+:data:`SIM_ENV`, at grain ``ck`` on :data:`CK_QUEUE`) and its record's label says so.
 """
 
 from __future__ import annotations
@@ -29,126 +32,60 @@ from dataclasses import dataclass, field
 
 from fairq import keys as K
 from fairq.config import RunQueueConfig, VirtualTimeOptions
-from fairq.keys import Environment
 from fairq.models import Delivery, EnqueueRequest
 from fairq.server import AnyRedis, info_per_node
 from fairq.sim.disciplines import CoDelState, Discipline, Model, make_model
-from fairq.sim.scenario import Hold, Scenario
+from fairq.sim.scenario import Scenario
+from fairq.sim.workload import CK_QUEUE, SIM_ENV, SimMessage, Workload, generate, now_of
 from fairq.store import RunQueue
 
-#: Logical epoch of step 0 (ms).
-BASE_MS = 1_700_000_000_000
-#: Logical length of one step (ms).
-STEP_MS = 1_000
-#: How old the shared timestamp of a step-0 backlog is (ms).
-BACKLOG_AGE_MS = 3_600_000
-#: The environment every simulation runs in.
-SIM_ENV = Environment("sim", "fairness", "run")
-#: The base queue of grain ``ck`` scenarios.
-CK_QUEUE = "work"
 #: Lease long enough that no simulated hold ever loses it.
 SIM_LEASE_MS = 86_400_000
+#: Scenario fields the driver does not apply yet (see :func:`unapplied_fields`).
+NOT_APPLIED = (
+    "tenant", "tenant_weight", "queues", "envs", "key_cap", "tenant_cap", "rate", "borrow",
+    "charge",
+)  # fmt: skip
 #: Commands that are the harness's own bookkeeping, not the queue's work.
 _UNCOUNTED = ("info", "config", "client", "hello", "ping", "script", "select", "auth", "command")
 
 
-def now_of(step: int) -> int:
-    """The logical clock of a step (ms)."""
-    return BASE_MS + step * STEP_MS
+def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
+    """The tenant, spread, limit and charging fields the scenario (or, for ``charge``, the
+    discipline) uses, in schema order. ``charge`` counts only with the fair order (sfq)
+    and only when it is ``duration``."""
+    groups = scenario.groups
+    used = {
+        "tenant": any(g.tenant is not None for g in groups),
+        "tenant_weight": any(g.tenant_weight is not None for g in groups),
+        "queues": any(g.queues > 1 for g in groups),
+        "envs": any(g.envs > 1 for g in groups),
+        "key_cap": any(g.key_cap is not None for g in groups),
+        "tenant_cap": any(g.tenant_cap is not None for g in groups),
+        "rate": any(g.rate is not None for g in groups),
+        "borrow": scenario.borrow,
+        "charge": discipline.name == "sfq" and discipline.charge(scenario.charge) == "duration",
+    }
+    return [name for name, on in used.items() if on]
 
 
-@dataclass(slots=True)
-class SimMessage:
-    """One generated message."""
-
-    run_id: str
-    key: str
-    group: str
-    queue: str
-    arrival_step: int
-    score_ms: int
-    hold: int
-
-
-@dataclass
-class Workload:
-    """Every message of a scenario for one seed, and the keys in declaration order."""
-
-    messages: list[SimMessage]
-    keys: list[str]
-    key_group: dict[str, str]
-    key_weight: dict[str, float]
-    key_queues: dict[str, list[str]]
-
-
-def _hold(h: Hold, rng: random.Random) -> int:
-    if h.kind == "fixed":
-        return h.steps
-    if h.kind == "uniform":
-        return rng.randint(h.low, h.high)
-    return max(1, round(rng.expovariate(1.0 / h.mean)))
-
-
-def generate(scenario: Scenario, seed: int) -> Workload:
-    """The scenario's messages for ``seed``: identical for every discipline."""
-    rng = random.Random(f"{scenario.name}/{seed}")
-    messages: list[SimMessage] = []
-    keys: list[str] = []
-    key_group: dict[str, str] = {}
-    key_weight: dict[str, float] = {}
-    key_queues: dict[str, list[str]] = {}
-    for g in scenario.groups:
-        hold = g.hold or scenario.hold
-        a = g.arrival
-        for i in range(g.keys):
-            key = f"{g.name}-{i}"
-            keys.append(key)
-            key_group[key] = g.name
-            key_weight[key] = g.weight
-            if scenario.grain == "ck":
-                queues = [CK_QUEUE]
-            elif g.queues_per_key == 1:
-                queues = [key]
-            else:
-                queues = [f"{key}.q{j}" for j in range(g.queues_per_key)]
-            key_queues[key] = queues
-            offset = a.stagger * i
-            shared_step = math.floor(a.start + offset)
-            shared_score = now_of(shared_step) - rng.randrange(STEP_MS)
-            t = a.start + offset
-            for j in range(g.messages_per_key):
-                if a.kind == "backlog":
-                    step = math.floor(offset)
-                    score = now_of(0) - BACKLOG_AGE_MS if step == 0 else shared_score
-                elif a.kind == "burst":
-                    step, score = shared_step, shared_score
-                else:
-                    if a.kind == "interval":
-                        step = math.floor(a.start + offset) + j * a.every
-                    else:
-                        t += rng.expovariate(a.rate)
-                        step = math.floor(t)
-                    score = now_of(step) - rng.randrange(STEP_MS)
-                messages.append(
-                    SimMessage(
-                        run_id=f"{key}.{j}",
-                        key=key,
-                        group=g.name,
-                        queue=queues[j % len(queues)],
-                        arrival_step=step,
-                        score_ms=score,
-                        hold=_hold(hold, rng),
-                    )
-                )
-    return Workload(messages, keys, key_group, key_weight, key_queues)
+def unapplied_fields(scenario: Scenario, discipline: Discipline) -> list[str]:
+    """The fields in use that this driver does not apply (the run ignores them)."""
+    return [name for name in fields_in_use(scenario, discipline) if name in NOT_APPLIED]
 
 
 @dataclass
 class Trace:
-    """What one run did: the raw material of every metric and plot."""
+    """What one run did: the raw material of every metric and plot.
+
+    ``serve_step``: the step of each message's first delivery; ``release_step``: the
+    step that delivery's slot is released (acked), ``serve_step + hold``: the message
+    occupies a slot on the steps ``serve_step .. release_step - 1``.
+    """
 
     workload: Workload
     serve_step: dict[str, int] = field(default_factory=dict)
+    release_step: dict[str, int] = field(default_factory=dict)
     deliveries: int = 0
     duplicates: int = 0
     dequeue_calls: int = 0
@@ -232,7 +169,10 @@ class Simulation:
                 interval=discipline.codel.get("interval", 10),
             )
         self.by_id = {m.run_id: m for m in w.messages}
-        self.queue_of_key = w.key_queues
+        # grain ck: every variant on CK_QUEUE (the ``queues`` spread is not applied)
+        self.queue_of_key = (
+            w.key_queues if scenario.grain == "queue" else {k: [CK_QUEUE] for k in w.keys}
+        )
         # driver-side bookkeeping (never consulted by age/sfq, which the scripts order)
         self.waiting: dict[str, deque[SimMessage]] = {}
         for key in w.keys:
@@ -313,7 +253,7 @@ class Simulation:
                     [
                         EnqueueRequest(
                             SIM_ENV,
-                            m.queue,
+                            m.queue if self.scenario.grain == "queue" else CK_QUEUE,
                             m.run_id,
                             None,
                             m.key if self.scenario.grain == "ck" else None,
@@ -337,6 +277,7 @@ class Simulation:
                         self.trace.duplicates += 1
                     else:
                         self.trace.serve_step[d.run_id] = step
+                        self.trace.release_step[d.run_id] = step + m.hold
                         queued -= 1
                         served += 1
                         sojourns.append(step - m.arrival_step)
