@@ -1,8 +1,8 @@
 """fairq: a run queue on Redis/Valkey whose dequeue order stays fair across tenants.
 
-The task API is importable from the package (lazily, so ``fairq --help`` stays fast)::
+The public API is importable from the package (lazily, so ``fairq --help`` stays fast)::
 
-    from fairq import Fairq, RetryPolicy, Worker
+    from fairq import Fairq, RetryPolicy, Worker, FairqError
 """
 
 from __future__ import annotations
@@ -11,29 +11,96 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fairq.app import Fairq, PermanentError, RunStatus, TriggerItem
-    from fairq.config import RetryPolicy, RunQueueConfig
-    from fairq.worker import Worker, current_run
+    from fairq.app import Fairq, Schedule
+    from fairq.config import RetryPolicy, RunQueueConfig, VirtualTimeOptions
+    from fairq.errors import (
+        ConfigurationError,
+        ConfigurationMismatchError,
+        ConnectionLostError,
+        EmbeddedServerError,
+        FairqError,
+        InvalidLimitError,
+        InvalidNameError,
+        PayloadError,
+        PermanentError,
+        QueueSizeLimitExceededError,
+        RunFailedError,
+        RunNotFoundError,
+        ScriptProtocolError,
+        ServerUnavailableError,
+        TaskTimeoutError,
+    )
+    from fairq.keys import Environment
+    from fairq.models import CancelOutcome, EnqueueStatus
+    from fairq.outcomes import RunInfo, RunStatus
+    from fairq.tasks import RunHandle, Task, TriggerItem
+    from fairq.worker import RunContext, Worker, current_run
 
 #: Public name -> module that defines it.
 _EXPORTS = {
     "Fairq": "fairq.app",
-    "PermanentError": "fairq.app",
-    "RunStatus": "fairq.app",
-    "TriggerItem": "fairq.app",
+    "Schedule": "fairq.app",
     "RetryPolicy": "fairq.config",
     "RunQueueConfig": "fairq.config",
+    "VirtualTimeOptions": "fairq.config",
+    "Environment": "fairq.keys",
+    "CancelOutcome": "fairq.models",
+    "EnqueueStatus": "fairq.models",
+    "RunInfo": "fairq.outcomes",
+    "RunStatus": "fairq.outcomes",
+    "RunHandle": "fairq.tasks",
+    "Task": "fairq.tasks",
+    "TriggerItem": "fairq.tasks",
+    "RunContext": "fairq.worker",
     "Worker": "fairq.worker",
     "current_run": "fairq.worker",
+    "ConfigurationError": "fairq.errors",
+    "ConfigurationMismatchError": "fairq.errors",
+    "ConnectionLostError": "fairq.errors",
+    "EmbeddedServerError": "fairq.errors",
+    "FairqError": "fairq.errors",
+    "InvalidLimitError": "fairq.errors",
+    "InvalidNameError": "fairq.errors",
+    "PayloadError": "fairq.errors",
+    "PermanentError": "fairq.errors",
+    "QueueSizeLimitExceededError": "fairq.errors",
+    "RunFailedError": "fairq.errors",
+    "RunNotFoundError": "fairq.errors",
+    "ScriptProtocolError": "fairq.errors",
+    "ServerUnavailableError": "fairq.errors",
+    "TaskTimeoutError": "fairq.errors",
 }
 
 __all__ = [
+    "CancelOutcome",
+    "ConfigurationError",
+    "ConfigurationMismatchError",
+    "ConnectionLostError",
+    "EmbeddedServerError",
+    "EnqueueStatus",
+    "Environment",
     "Fairq",
+    "FairqError",
+    "InvalidLimitError",
+    "InvalidNameError",
+    "PayloadError",
     "PermanentError",
+    "QueueSizeLimitExceededError",
     "RetryPolicy",
+    "RunContext",
+    "RunFailedError",
+    "RunHandle",
+    "RunInfo",
+    "RunNotFoundError",
     "RunQueueConfig",
     "RunStatus",
+    "Schedule",
+    "ScriptProtocolError",
+    "ServerUnavailableError",
+    "Task",
+    "TaskTimeoutError",
     "TriggerItem",
+    "VirtualTimeOptions",
     "Worker",
     "current_run",
 ]

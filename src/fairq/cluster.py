@@ -87,9 +87,9 @@ def shard_nodes(client: RedisCluster, schema: KeySchema) -> dict[str, list[int]]
         node.name: [] for node in client.get_nodes() if node.server_type == "primary"
     }
     for shard in schema.shards():
-        node = client.get_node_from_key(shard.master)
+        node = client.get_node_from_key(shard.heads)
         if node is None:
-            raise EmbeddedServerError(f"no node serves the slot of {shard.master}")
+            raise EmbeddedServerError(f"no node serves the slot of {shard.heads}")
         spread.setdefault(node.name, []).append(shard.shard)
     return spread
 

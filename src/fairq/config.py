@@ -113,7 +113,9 @@ class VirtualTimeOptions:
     charge_unit_ms: int = 1_000
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.enabled, bool), f"enabled must be True or False, got {self.enabled!r}")
+        _check(
+            isinstance(self.enabled, bool), f"enabled must be True or False, got {self.enabled!r}"
+        )
         _check(
             _is_number(self.quantum) and 0 < self.quantum <= 1e6,
             f"quantum must be a number in (0, 1e6], got {self.quantum!r}",
@@ -197,7 +199,8 @@ class RunQueueConfig:
             f"shard_count must be an integer in 1..16384, got {self.shard_count!r}",
         )
         _check(
-            _is_int(self.default_env_concurrency) and 1 <= self.default_env_concurrency <= MAX_LIMIT,
+            _is_int(self.default_env_concurrency)
+            and 1 <= self.default_env_concurrency <= MAX_LIMIT,
             f"default_env_concurrency must be an integer in 1..{MAX_LIMIT}",
         )
         _check(

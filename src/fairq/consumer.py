@@ -1,16 +1,20 @@
-"""A consumer: leases batches of runs without busy polling, and keeps maintenance going.
+"""A consumer: leases batches of runs without busy polling, keeps maintenance going, and
+survives the server going away.
 
-Waiting: every script that makes work available (enqueue, nack, redrive, reclaim) or
-frees slots (ack, release) publishes a hint on ``<prefix>:wake``. A consumer stays
-subscribed; before each dequeue attempt it clears its event, so a hint that arrives
-while it dequeues is never lost. When a dequeue finds nothing, it sleeps until a hint,
-the earliest future head (delayed runs, backoff), or ``idle_timeout`` — whichever is
-first. An idle consumer therefore costs the server one tiny pipeline per
-``idle_timeout``; a new message is picked up within milliseconds of its enqueue.
+Waiting: scripts that make work available (enqueue, nack, redrive, reclaim) publish a
+hint when a queue's head changes, and scripts that free slots publish one when a
+consumer had found ready work behind a limit (see :mod:`fairq.store.hints`). A consumer
+stays subscribed; before each dequeue attempt it clears its event, so a hint that
+arrives while it dequeues is never lost. When a dequeue finds nothing it sleeps until a
+hint, the moment the dequeue said something held back becomes ready (a delayed run, a
+backoff, a rate limit's next token), or ``idle_timeout`` — whichever is first.
 
 Maintenance (requeueing runs whose lease lapsed, expiring runs whose TTL passed) runs
-on a timer, also while a consumer waits; a short ``SET NX PX`` lock makes one consumer
-per interval do it, and one read per shard skips the scripts when nothing is due.
+on a timer, also while a consumer waits (:meth:`fairq.store.RunQueue.maintain`).
+
+A lost connection (the server restarted, or is away): the consumer logs it, calls its
+``on_connection_lost`` hook (the app's: restart the shared server if it is down) and
+retries with bounded backoff; it resumes by itself when the server is back.
 """
 
 from __future__ import annotations
@@ -18,19 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
-
+from fairq.errors import ConnectionLostError
+from fairq.keys import Environment
 from fairq.models import Delivery
-from fairq.store import RunQueue, wall_clock_ms
+from fairq.store import RunQueue
+from fairq.store.hints import HintSubscription
 
 log = logging.getLogger("fairq.consumer")
 
-#: Longest time one consumer's maintenance lock keeps the others from maintaining (s).
-MAX_MAINTENANCE_LOCK_S = 1.0
+#: Backoff bounds after a lost connection (s).
+MIN_RETRY_S: Final = 0.05
+MAX_RETRY_S: Final = 2.0
 
 
 class Consumer:
@@ -38,23 +43,35 @@ class Consumer:
 
     Args:
         rq: the run queue.
+        env: only this environment (and then ``queues``: only these queues of it).
+        queues: the queues to serve (with ``env``).
         idle_timeout: longest sleep without a hint (seconds).
         maintenance_interval: how often lapsed leases and TTLs are processed (seconds).
+        on_cancel: called with a run's lease member when its cancellation is requested.
+        on_connection_lost: awaited after a lost connection, before retrying.
     """
 
     def __init__(
         self,
         rq: RunQueue,
         *,
+        env: Environment | None = None,
+        queues: Sequence[str] | None = None,
         idle_timeout: float = 1.0,
         maintenance_interval: float = 1.0,
+        on_cancel: Callable[[str], None] | None = None,
+        on_connection_lost: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.rq = rq
+        self.env = env
+        self.queues = list(queues) if queues is not None else None
         self.idle_timeout = idle_timeout
         self.maintenance_interval = maintenance_interval
+        self.on_cancel = on_cancel
+        self.on_connection_lost = on_connection_lost
         self._wake = asyncio.Event()
+        self._hints = HintSubscription(rq)
         self._listener: asyncio.Task[None] | None = None
-        self._pubsub_client: Any = None
         self._next_maintenance = 0.0
         self.closed = False
 
@@ -64,46 +81,26 @@ class Consumer:
             self._listener = asyncio.create_task(self._listen(), name="fairq-wake-listener")
         return self
 
-    def _pubsub_source(self) -> Any:
-        client = self.rq.client
-        if isinstance(client, RedisCluster):
-            # Classic PUBLISH is broadcast to every node of a cluster: any node will do.
-            node = client.get_default_node()
-            return aioredis.Redis(host=node.host, port=int(node.port), **_auth(client))
-        return client
-
     async def _listen(self) -> None:
-        backoff = 0.05
-        while not self.closed:
-            try:
-                self._pubsub_client = self._pubsub_source()
-                pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
-                async with pubsub:
-                    await pubsub.subscribe(self.rq.keys.wake_channel)
-                    self._wake.set()  # (re)subscribed: anything may have happened meanwhile
-                    backoff = 0.05
-                    while not self.closed:
-                        message = await pubsub.get_message(timeout=None)
-                        if message is not None:
-                            self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:
-                log.warning("wake-up subscription lost (%s); retrying", exc)
-                self._wake.set()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+        async for hint in self._hints.messages():
+            if hint.startswith("cancel:"):
+                if self.on_cancel is not None:
+                    self.on_cancel(hint[len("cancel:") :])
+                continue
+            self._wake.set()
+
+    def wake(self) -> None:
+        """End a wait now (a stop request, or new local capacity)."""
+        self._wake.set()
 
     async def close(self) -> None:
         self.closed = True
+        await self._hints.close()
         if self._listener is not None:
             self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._listener
             self._listener = None
-        if self._pubsub_client is not None and self._pubsub_client is not self.rq.client:
-            with contextlib.suppress(RedisError, OSError):
-                await self._pubsub_client.aclose()
 
     async def __aenter__(self) -> Consumer:
         return await self.start()
@@ -117,28 +114,11 @@ class Consumer:
         if not force and loop.time() < self._next_maintenance:
             return
         self._next_maintenance = loop.time() + self.maintenance_interval
-        lock = f"{self.rq.keys.prefix}:maintenance-lock"
-        # The lock only stops consumers sharing a prefix from duplicating work; capped so
-        # that one with a long interval (or a dead one) cannot hold everyone else off.
-        ms = max(1, int(min(self.maintenance_interval, MAX_MAINTENANCE_LOCK_S) * 1000))
-        if force:
-            await self.rq.reclaim_lapsed_leases()
-            await self.rq.expire_ttl()
-        elif await self.rq.client.set(lock, b"1", nx=True, px=ms):
-            # one cheap read first: an idle system runs no script at all
-            leases, ttls = await self.rq.maintenance_due()
-            if leases:
-                await self.rq.reclaim_lapsed_leases(shards=leases)
-            if ttls:
-                await self.rq.expire_ttl(shards=ttls)
+        await self.rq.maintain(interval_s=self.maintenance_interval, force=force)
 
     async def wait_for_hint(self, wait: float) -> None:
-        """Sleep up to ``wait`` seconds, or until a hint arrives.
-
-        Maintenance stays on its timer meanwhile: a consumer waiting out a long
-        ``idle_timeout`` still reclaims lapsed leases every ``maintenance_interval``
-        (a reclaim publishes a hint, which ends the wait).
-        """
+        """Sleep up to ``wait`` seconds, or until a hint arrives; maintenance keeps its
+        timer meanwhile (a reclaim publishes a hint, which ends the wait)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + wait
         while not self.closed:
@@ -154,11 +134,14 @@ class Consumer:
             if loop.time() >= self._next_maintenance:
                 await self.maintain()
 
-    async def dequeue(self, max_count: int) -> tuple[list[Delivery], int | None]:
-        """One attempt: leased runs, and (when none) the earliest head score in ms (a
-        future one tells how long to sleep). Subclasses narrow what is dequeued."""
-        batch = await self.rq.dequeue(max_count)
-        return batch, (None if batch else await self.rq.next_due_ms())
+    async def lost(self, exc: ConnectionLostError, retry_s: float) -> float:
+        """A lost connection: log, heal, back off. Returns the next backoff."""
+        log.warning("server %s unavailable (%s); retrying in %.2fs", exc.url, exc.reason, retry_s)
+        if self.on_connection_lost is not None:
+            with contextlib.suppress(Exception):
+                await self.on_connection_lost()
+        await asyncio.sleep(retry_s)
+        return min(retry_s * 2, MAX_RETRY_S)
 
     async def next_batch(
         self,
@@ -168,23 +151,29 @@ class Consumer:
     ) -> list[Delivery]:
         """Lease up to ``max_count`` runs, waiting (without polling) until some are ready.
 
-        Returns an empty list only when ``timeout`` (seconds) passes or the consumer closes.
+        Returns an empty list only when ``timeout`` (seconds) passes or the consumer
+        closes. Connection losses are retried (with the hook and backoff) meanwhile.
         """
         await self.start()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        retry_s = MIN_RETRY_S
         while not self.closed:
             self._wake.clear()
-            await self.maintain()
-            batch, due = await self.dequeue(max_count)
-            if batch:
-                return batch
+            try:
+                await self.maintain()
+                batch = await self.rq.dequeue_batch(max_count, env=self.env, queues=self.queues)
+            except ConnectionLostError as exc:
+                retry_s = await self.lost(exc, retry_s)
+                continue
+            if retry_s != MIN_RETRY_S:
+                log.warning("server %s is back", self.rq.server)
+                retry_s = MIN_RETRY_S
+            if batch.deliveries:
+                return batch.deliveries
             wait = self.idle_timeout
-            now = wall_clock_ms()
-            if due is not None and due > now:
-                # a delayed run (or a backoff) becomes ready then; ready-but-gated work
-                # waits for the hint an ack or release publishes instead
-                wait = min(wait, (due - now) / 1000)
+            if batch.wait_ms is not None:
+                wait = min(wait, batch.wait_ms / 1000)
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -192,8 +181,3 @@ class Consumer:
                 wait = min(wait, remaining)
             await self.wait_for_hint(wait)
         return []
-
-
-def _auth(client: RedisCluster) -> dict[str, Any]:
-    kwargs: dict[str, Any] = getattr(client.get_default_node(), "connection_kwargs", {}) or {}
-    return {k: kwargs[k] for k in ("username", "password") if k in kwargs}

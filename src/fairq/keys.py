@@ -51,6 +51,7 @@ Per environment (``V`` = ``T:e:E``, keys ``V:<name>``)
   tt           ZSET  tenant -> its virtual tag (fair order; active and parked tenants)
   tfloor       STRING the environment's tenant virtual time (monotonic)
   tw           HASH  tenant -> weight (sparse, default 1)
+  schedules    HASH  schedule name -> its last claimed tick (ms): each tick enqueues once
 Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   queued       ZSET  keyless runs: run id -> score (ms)
   inflight     SET   keyless runs holding a queue slot
@@ -133,6 +134,7 @@ ENV_KEYS: Final = {
     "tenant_tags": "tt",
     "tenant_floor": "tfloor",
     "tenant_weights": "tw",
+    "schedules": "schedules",
 }
 #: Per-base-queue keys: attribute -> suffix (``T:q:E:Q:<suffix>``).
 QUEUE_KEYS: Final = {
@@ -346,6 +348,7 @@ class EnvKeys:
     tenant_tags: str
     tenant_floor: str
     tenant_weights: str
+    schedules: str
     message_prefix: str
     outcome_prefix: str
 
@@ -501,6 +504,8 @@ def lua_schema() -> str:
             "local function heads_member(kind, env_id, queue)",
             "  return kind .. ':' .. env_id .. ':' .. queue",
             "end",
-            f"local function config_field(queue, name) return '{QUEUE_PART}:' .. queue .. ':' .. name end",
+            "local function config_field(queue, name)",
+            f"  return '{QUEUE_PART}:' .. queue .. ':' .. name",
+            "end",
         ]
     )

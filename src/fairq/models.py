@@ -100,6 +100,8 @@ class EnqueueRequest:
     tenant: str | None = None
     #: Keep the outcome of a completed run even when it has no result.
     keep_outcome: bool = False
+    #: The run's timeout (ms), for the worker; None = the task's.
+    timeout_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,10 @@ class Delivery:
     score_ms: int
     enqueued_at_ms: int
     tenant: str | None = None
+    #: The run's own timeout (ms), set at trigger; None = the task's.
+    timeout_ms: int | None = None
+    #: Keep the outcome of a completed run even without a result.
+    keep_outcome: bool = False
 
     @property
     def payload(self) -> Any:

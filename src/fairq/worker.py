@@ -1,19 +1,31 @@
-"""The worker: leases runs of an app's tasks, runs them, and acks, retries or dead-letters.
+"""The worker: leases runs of an app's tasks, runs them, and finishes, retries or
+dead-letters them.
 
-* Async tasks run on the event loop; plain functions run in a thread pool sized to
+* Async tasks run on the event loop; plain functions in a thread pool sized to
   ``concurrency``. At most ``concurrency`` runs are in flight per worker (the server's
-  env / queue / key limits apply on top, across all workers).
-* Waiting costs nothing: the worker's consumer sleeps on the server's wake-up hints
-  (see :mod:`fairq.consumer`), and only dequeues from the app's own queues.
-* Leases are extended in one batched ``heartbeat`` call every ``lease / 3``.
-* Finished runs are acked in batches: while one ack call is in flight the next ones
-  collect. The run's outcome (result or error) is written just before its ack.
+  env / queue / key / tenant limits apply on top, across all workers).
+* Dequeueing goes through :class:`fairq.consumer.Consumer` and the store's dequeue
+  (the same code as any dequeue): one round trip per batch, no polling.
+* Finished runs are finished in batches, outcome and ack in one atomic call per shard
+  (:meth:`fairq.store.RunQueue.finish`): while one call is in flight the next collect.
+* Leases are extended in one batched heartbeat every ``lease / 3`` (on the server's
+  clock); progress a task reports rides along with it (at most once a second).
 * A failing run is nacked with the task's backoff; at its last attempt the server
-  dead-letters it. :class:`fairq.app.PermanentError` fails it at once.
+  dead-letters it. :class:`fairq.PermanentError` fails it at once.
+* Timeouts: an async task is cancelled at its deadline; a plain function's thread
+  cannot be interrupted, so its run is failed as timed out at the deadline and the
+  thread is abandoned (it keeps its pool thread until it returns).
+* Cancellation of a running run (``handle.cancel()``): the worker hears it on the wake
+  channel (and from the next heartbeat), cancels an async task (it sees
+  ``asyncio.CancelledError``) or sets ``current_run().cancelled`` for a plain one, and
+  finishes the run as cancelled; one that does not stop within ``cancel_grace`` seconds
+  is finished as cancelled anyway (its thread is abandoned).
 * SIGTERM / SIGINT: stop taking work, let in-flight runs finish for ``grace_period``
   seconds, then give the rest back (nack without counting an attempt). A second signal
   skips the grace period. A worker killed outright loses nothing: its leases lapse and
-  the maintenance pass of any live consumer requeues the runs.
+  the maintenance of any live consumer requeues the runs.
+* The server going away: dequeues, finishes and heartbeats retry with bounded backoff
+  (restarting the shared server if it is ours), and resume by themselves.
 """
 
 from __future__ import annotations
@@ -25,37 +37,60 @@ import functools
 import json
 import logging
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-from redis.exceptions import RedisError
-
-from fairq import keys as K
-from fairq.app import Fairq, PermanentError, RunStatus, Task, outcome_json
+from fairq.app import Fairq
 from fairq.consumer import Consumer
-from fairq.metrics import record_dequeue
-from fairq.models import AckStatus, Delivery, NackOutcome
-from fairq.store import RunQueue, wall_clock_ms
+from fairq.errors import ConfigurationError, ConnectionLostError, FairqError, PermanentError
+from fairq.keys import encode_concurrency_key, encode_tenant
+from fairq.models import AckStatus, Delivery, Finish, HeartbeatStatus, NackOutcome
+from fairq.outcomes import MAX_ERROR_CHARS, RunStatus, encode_outcome
+from fairq.schedules import Scheduler
+from fairq.store import RunQueue
+from fairq.store._core import wall_clock_ms
+from fairq.tasks import Task
 
 log = logging.getLogger("fairq.worker")
+run_log = logging.getLogger("fairq.run")
 
-#: Longest error text kept in a run's outcome.
-MAX_ERROR_CHARS = 4_000
+#: Most runs in flight one worker accepts.
+MAX_CONCURRENCY: Final = 1000
+#: How often reported progress is sent at most (s).
+PROGRESS_INTERVAL_S: Final = 1.0
 
 
-@dataclass(frozen=True, slots=True)
 class RunContext:
     """The run a task is executing (see :func:`current_run`)."""
 
-    run_id: str
-    queue: str
-    concurrency_key: str | None
-    attempt: int
-    delivery: int
+    def __init__(self, delivery: Delivery, worker: Worker) -> None:
+        self.run_id = delivery.run_id
+        self.queue = delivery.queue
+        self.concurrency_key = delivery.concurrency_key
+        self.tenant = delivery.tenant
+        self.attempt = delivery.attempt
+        self.lease_token = delivery.lease_token
+        self._cancelled = threading.Event()
+        self._worker = worker
+        self._delivery = delivery
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether someone asked to cancel this run (plain tasks should check it)."""
+        return self._cancelled.is_set()
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report progress (0..1 and a note): kept with the run, sent with the next
+        heartbeat (coalesced: no round trip per call). Thread-safe."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ConfigurationError("progress must be a number in 0..1")
+        value = min(1.0, max(0.0, float(fraction)))
+        self._worker._progress[self.run_id] = (value, str(message)[:1000])
 
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
@@ -64,7 +99,7 @@ _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
 
 
 def current_run() -> RunContext | None:
-    """The run the calling task is executing (None outside a task); works in sync tasks too."""
+    """The run the calling task is executing (None outside a task); works in plain tasks."""
     return _current.get()
 
 
@@ -76,53 +111,20 @@ class WorkerStats:
     completed: int = 0
     retried: int = 0
     failed: int = 0
+    timed_out: int = 0
+    cancelled: int = 0
     dead_lettered: int = 0
     returned: int = 0
     lease_lost: int = 0
+    reconnects: int = 0
 
 
-class _AppConsumer(Consumer):
-    """A consumer that only dequeues the app's environment and task queues.
-
-    ``RunQueue.dequeue`` serves every environment; a worker must not lease runs it has
-    no function for. So it reads the scores of its own master-queue members (one
-    ``ZMSCORE``) and runs the dequeue script of each ready one, oldest head first.
-    """
-
-    def __init__(self, rq: RunQueue, app: Fairq, queues: Sequence[str], **kwargs: Any) -> None:
-        super().__init__(rq, **kwargs)
-        self.app = app
-        shard = rq.keys.shard(rq.keys.shard_of(app.env))
-        self._master = shard.master
-        self._members = [
-            (K.master_member(kind, app.env, q), q, kind == K.KIND_CK)
-            for q in queues
-            for kind in (K.KIND_QUEUE, K.KIND_CK)
-        ]
-
-    async def _scores(self) -> list[tuple[float, str, bool]]:
-        raw = await self.rq.client.zmscore(self._master, [m for m, _, _ in self._members])
-        return sorted(
-            (float(score), queue, keyed)
-            for (_, queue, keyed), score in zip(self._members, raw, strict=True)
-            if score is not None
-        )
-
-    async def dequeue(self, max_count: int) -> tuple[list[Delivery], int | None]:
-        """Lease up to ``max_count`` runs; also returns the earliest future head (ms)."""
-        now = wall_clock_ms()
-        out: list[Delivery] = []
-        next_due: int | None = None
-        for score, queue, keyed in await self._scores():
-            if score > now:
-                next_due = int(score) if next_due is None else min(next_due, int(score))
-                continue
-            if len(out) >= max_count:
-                break
-            out += await self.rq.dequeue_from_queue(
-                self.app.env, queue, keyed=keyed, max_count=max_count - len(out), now_ms=now
-            )
-        return out, next_due
+@dataclass(slots=True)
+class _InFlight:
+    delivery: Delivery
+    context: RunContext
+    started: float = field(default_factory=time.monotonic)
+    cancel_at: float | None = None
 
 
 def _error_text(exc: BaseException) -> str:
@@ -130,15 +132,13 @@ def _error_text(exc: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
+def _traceback_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
 def _result_json(value: Any) -> str:
     # a value JSON cannot hold is stored as its str(): the run did complete
     return json.dumps(value, separators=(",", ":"), default=str)
-
-
-@dataclass(slots=True)
-class _Finished:
-    delivery: Delivery
-    outcome: str
 
 
 class Worker:
@@ -146,15 +146,17 @@ class Worker:
 
     Args:
         app: the :class:`Fairq` app whose tasks to run.
-        concurrency: most runs in flight in this worker (and threads for sync tasks).
+        concurrency: most runs in flight in this worker (and threads for plain tasks).
         max_count: most runs leased per dequeue (default: ``concurrency``).
         queues: only these task queues (default: every task of the app).
         grace_period: seconds in-flight runs get to finish after a stop request.
+        cancel_grace: seconds a cancelled run gets to stop before it is finished anyway.
         max_runs: stop after this many runs ended (None: run until stopped).
         burst: stop once the queues have nothing ready and nothing is in flight.
         idle_timeout: longest sleep without a wake-up hint (seconds).
         maintenance_interval: how often lapsed leases / TTLs are processed (seconds).
         install_signal_handlers: stop gracefully on SIGTERM / SIGINT (main thread only).
+        run_schedules: enqueue the app's schedules' ticks (default True).
     """
 
     def __init__(
@@ -165,42 +167,80 @@ class Worker:
         max_count: int | None = None,
         queues: Sequence[str] | None = None,
         grace_period: float = 30.0,
+        cancel_grace: float = 10.0,
         max_runs: int | None = None,
         burst: bool = False,
         idle_timeout: float = 1.0,
         maintenance_interval: float = 1.0,
         install_signal_handlers: bool = False,
+        run_schedules: bool = True,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        if not isinstance(app, Fairq):
+            raise ConfigurationError("Worker needs a fairq.Fairq app")
+        if (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= MAX_CONCURRENCY
+        ):
+            raise ConfigurationError(f"concurrency must be an integer in 1..{MAX_CONCURRENCY}")
+        if max_count is not None and (
+            isinstance(max_count, bool)
+            or not isinstance(max_count, int)
+            or not 1 <= max_count <= 1000
+        ):
+            raise ConfigurationError("max_count must be an integer in 1..1000")
+        for name, value in (
+            ("grace_period", grace_period), ("cancel_grace", cancel_grace),
+            ("idle_timeout", idle_timeout), ("maintenance_interval", maintenance_interval),
+        ):  # fmt: skip
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 <= value <= 86_400
+            ):
+                raise ConfigurationError(f"{name} must be a number of seconds in 0..86400")
+        if idle_timeout <= 0 or maintenance_interval <= 0:
+            raise ConfigurationError("idle_timeout and maintenance_interval must be positive")
+        if max_runs is not None and (
+            isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+        ):
+            raise ConfigurationError("max_runs must be a positive integer")
         self.app = app
         self.concurrency = concurrency
-        self.max_count = max(1, min(max_count or concurrency, concurrency))
+        self.max_count = max(1, min(max_count or concurrency, concurrency, 1000))
         names = list(queues) if queues is not None else list(app.tasks)
         unknown = [q for q in names if q not in app.tasks]
         if unknown:
-            raise ValueError(f"no task for queue(s) {unknown}; app has {sorted(app.tasks)}")
+            raise ConfigurationError(f"no task for queue(s) {unknown}; app has {sorted(app.tasks)}")
         if not names:
-            raise ValueError("the app has no tasks to run")
+            raise ConfigurationError("the app has no tasks to run")
         self.queues = names
         self.grace_period = grace_period
+        self.cancel_grace = cancel_grace
         self.max_runs = max_runs
         self.burst = burst
         self.idle_timeout = idle_timeout
         self.maintenance_interval = maintenance_interval
         self.install_signal_handlers = install_signal_handlers
+        self.run_schedules = run_schedules
         self.stats = WorkerStats()
+        #: Optional observer of run events (fairq.observability.WorkerMetrics).
+        self.metrics: Any = None
         self._stopping = asyncio.Event()
         self._forced = False
-        self._inflight: dict[asyncio.Task[None], Delivery] = {}
+        self._inflight: dict[asyncio.Task[None], _InFlight] = {}
+        self._by_member: dict[str, asyncio.Task[None]] = {}
         self._slot_free = asyncio.Event()
-        self._finished: list[_Finished] = []
+        self._finished: list[Finish] = []
         self._ack_wake = asyncio.Event()
         self._acks_closed = False
         self._executor: ThreadPoolExecutor | None = None
         self._rq: RunQueue | None = None
-        self._consumer: _AppConsumer | None = None
+        self._consumer: Consumer | None = None
         self._ended = 0
+        self._progress: dict[str, tuple[float, str]] = {}
+        #: Runs finished while their task still runs (a cancel past its grace).
+        self._abandoned: set[str] = set()
 
     # ------------------------------------------------------------------ control
 
@@ -219,7 +259,7 @@ class Worker:
         self._stopping.set()
         if self._consumer is not None:
             self._consumer.closed = True
-            self._consumer._wake.set()
+            self._consumer.wake()
         self._slot_free.set()
 
     def _on_signal(self, signum: int) -> None:
@@ -233,6 +273,26 @@ class Worker:
             )  # fmt: skip
         self.stop()
 
+    def _on_cancel(self, member: str) -> None:
+        task = self._by_member.get(member)
+        if task is not None:
+            self._request_cancel(task)
+
+    def _request_cancel(self, task: asyncio.Task[None]) -> None:
+        run = self._inflight.get(task)
+        if run is None or run.cancel_at is not None:
+            return
+        run.context._cancelled.set()
+        run.cancel_at = time.monotonic() + self.cancel_grace
+        log.info("run %s: cancellation requested", run.delivery.run_id)
+        if self.app.tasks[run.delivery.queue].is_async:
+            task.cancel(msg="fairq: run cancelled")
+        # a plain function sees current_run().cancelled; past cancel_grace it is abandoned
+
+    async def _connection_lost(self) -> None:
+        self.stats.reconnects += 1
+        await self.app.heal()
+
     # ------------------------------------------------------------------ main loop
 
     async def run(self) -> WorkerStats:
@@ -242,9 +302,10 @@ class Worker:
         self._executor = ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix="fairq-task"
         )
-        self._consumer = _AppConsumer(
-            rq, self.app, self.queues,
-            idle_timeout=self.idle_timeout, maintenance_interval=self.maintenance_interval,
+        self._consumer = Consumer(
+            rq, env=self.app.env, queues=self.queues, idle_timeout=self.idle_timeout,
+            maintenance_interval=self.maintenance_interval, on_cancel=self._on_cancel,
+            on_connection_lost=self._connection_lost,
         )  # fmt: skip
         installed: list[signal.Signals] = []
         if self.install_signal_handlers:
@@ -252,12 +313,12 @@ class Worker:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self._on_signal, sig)
                     installed.append(sig)
-        for line in await self.app.apply_limits():
+        for line in await self._retrying(self.app.apply_limits):
             log.info("limits: %s", line)
         acks = asyncio.create_task(self._ack_loop(), name="fairq-acks")
         helpers = [
             asyncio.create_task(self._heartbeat_loop(), name="fairq-heartbeat"),
-            asyncio.create_task(self._expired_loop(), name="fairq-expired"),
+            asyncio.create_task(self._schedule_loop(), name="fairq-schedules"),
         ]
         try:
             await self._consumer.start()
@@ -268,19 +329,32 @@ class Worker:
             # let the ack loop finish its current batch (a cancelled flush could lose it)
             self._acks_closed = True
             self._ack_wake.set()
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(FairqError):
                 await acks
             for h in helpers:
                 h.cancel()
             for h in helpers:
-                with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
+                with contextlib.suppress(asyncio.CancelledError, FairqError):
                     await h
-            await self._flush_acks()
+            with contextlib.suppress(FairqError):
+                await self._flush_acks()
             await self._consumer.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
             for sig in installed:
                 loop.remove_signal_handler(sig)
         return self.stats
+
+    async def _retrying(self, call: Any) -> Any:
+        """Run a store call until it works (a lost connection is retried with backoff)."""
+        retry_s = 0.05
+        while True:
+            try:
+                return await call()
+            except ConnectionLostError as exc:
+                if self.stopping:
+                    raise
+                assert self._consumer is not None
+                retry_s = await self._consumer.lost(exc, retry_s)
 
     async def _fetch_loop(self) -> None:
         assert self._consumer is not None
@@ -293,18 +367,9 @@ class Worker:
                     await self._slot_free.wait()
                 continue
             timeout = 0.2 if self.burst else None
-            try:
-                batch = await self._consumer.next_batch(min(free, self.max_count), timeout=timeout)
-            except (RedisError, OSError) as exc:
-                log.warning("dequeue failed (%s); retrying", exc)
-                await asyncio.sleep(0.5)
-                continue
+            batch = await self._consumer.next_batch(min(free, self.max_count), timeout=timeout)
             for delivery in batch:
                 self._start(delivery)
-            if batch:
-                # the dashboard's served-share chart and the wait histogram
-                with contextlib.suppress(RedisError, OSError):
-                    await record_dequeue(self._consumer.rq, batch)
             if self.burst:
                 idle_polls = 0 if (batch or self._inflight) else idle_polls + 1
                 if idle_polls >= 2:
@@ -312,12 +377,22 @@ class Worker:
 
     def _start(self, delivery: Delivery) -> None:
         self.stats.started += 1
-        task = asyncio.create_task(self._execute(delivery), name=f"fairq-run-{delivery.run_id}")
-        self._inflight[task] = delivery
+        context = RunContext(delivery, self)
+        task = asyncio.create_task(
+            self._execute(delivery, context), name=f"fairq-run-{delivery.run_id}"
+        )
+        self._inflight[task] = _InFlight(delivery, context)
+        self._by_member[delivery.lease_member] = task
         task.add_done_callback(self._done)
+        if self.metrics is not None:
+            self.metrics.started(delivery)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.pop(task, None)
+        run = self._inflight.pop(task, None)
+        if run is not None:
+            self._by_member.pop(run.delivery.lease_member, None)
+            self._progress.pop(run.delivery.run_id, None)
+            self._abandoned.discard(run.delivery.lease_member)
         self._slot_free.set()
 
     def _count_end(self) -> None:
@@ -343,174 +418,298 @@ class Worker:
             return
         log.warning("returning %d unfinished run(s) to the queue", len(leftovers))
         for task in leftovers:
-            task.cancel()
+            task.cancel(msg="fairq: worker stopping")
         await asyncio.gather(*leftovers, return_exceptions=True)
         assert self._rq is not None
-        for delivery in leftovers.values():
-            with contextlib.suppress(RedisError, OSError):
+        for run in leftovers.values():
+            with contextlib.suppress(FairqError):
                 outcome = await self._rq.nack(
-                    delivery, increment_attempt=False, retry_at_ms=wall_clock_ms()
+                    run.delivery, increment_attempt=False, retry_delay_ms=0
                 )
                 if outcome is NackOutcome.REQUEUED:
                     self.stats.returned += 1
 
     # ------------------------------------------------------------------ one run
 
-    async def _call(self, task: Task[Any], delivery: Delivery, payload: Any) -> Any:
+    def _timeout_s(self, task: Task[Any, Any], delivery: Delivery) -> float | None:
+        ms = delivery.timeout_ms or task.timeout_ms
+        return None if ms is None else ms / 1000
+
+    async def _call(
+        self,
+        task: Task[Any, Any],
+        context: RunContext,
+        payload: Any,
+        timeout: float | None,  # noqa: ASYNC109 - the run's deadline
+    ) -> Any:
         ctx = contextvars.copy_context()
-        run = RunContext(
-            delivery.run_id,
-            delivery.queue,
-            delivery.concurrency_key,
-            delivery.attempt,
-            delivery.delivery,
-        )
-        ctx.run(_current.set, run)
+        ctx.run(_current.set, context)
         if task.is_async:
             coro = task.fn(payload)
-            return await asyncio.create_task(coro, context=ctx)  # type: ignore[arg-type]
+            inner = asyncio.create_task(coro, context=ctx)  # type: ignore[arg-type]
+            try:
+                return await asyncio.wait_for(inner, timeout)
+            except asyncio.CancelledError:
+                inner.cancel()
+                raise
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, functools.partial(ctx.run, task.fn, payload)
-        )
+        future = loop.run_in_executor(self._executor, functools.partial(ctx.run, task.fn, payload))
+        # the thread cannot be interrupted: at the deadline (or a cancel) the run ends
+        # here and the thread is abandoned until the function returns
+        return await asyncio.wait_for(asyncio.shield(future), timeout)
 
-    async def _execute(self, delivery: Delivery) -> None:
+    async def _execute(self, delivery: Delivery, context: RunContext) -> None:
         task = self.app.tasks[delivery.queue]
+        started = wall_clock_ms()
+        timeout = self._timeout_s(task, delivery)
         try:
             payload = delivery.payload
-            result = await self._call(task, delivery, payload)
+            result = await self._call(task, context, payload, timeout)
         except asyncio.CancelledError:
+            if delivery.lease_member in self._abandoned:
+                return
+            if context.cancelled and not self._forced:
+                self.stats.cancelled += 1
+                self._finish(
+                    delivery, RunStatus.CANCELLED, started, error="cancelled while running"
+                )
+                return
             raise  # shutdown: _drain gives the run back
+        except TimeoutError as exc:
+            if timeout is None or (wall_clock_ms() - started) < timeout * 1000 * 0.99:
+                await self._retry(task, delivery, exc, started)  # the task's own TimeoutError
+                return
+            self.stats.timed_out += 1
+            error = f"TaskTimeoutError: run timed out after {timeout:g}s"
+            if delivery.attempt + 1 >= task.retry.max_attempts:
+                self._finish(delivery, RunStatus.TIMED_OUT, started, error=error)
+            else:
+                await self._retry(task, delivery, exc, started, error=error)
         except PermanentError as exc:
             self.stats.failed += 1
-            self._finish(
-                delivery, RunStatus.FAILED, error=_error_text(exc), attempts=delivery.attempt + 1
-            )
+            self._finish(delivery, RunStatus.FAILED, started, error=_error_text(exc), exc=exc)
         except Exception as exc:
-            await self._retry(task, delivery, exc)
+            await self._retry(task, delivery, exc, started)
         else:
+            if context.cancelled:
+                # a plain function that returned after its cancellation was requested
+                self.stats.cancelled += 1
+                self._finish(
+                    delivery, RunStatus.CANCELLED, started, error="cancelled while running"
+                )
+                return
             self.stats.completed += 1
-            self._finish(
-                delivery,
-                RunStatus.COMPLETED,
-                result_json=_result_json(result),
-                attempts=delivery.attempt,
-            )
+            self._finish(delivery, RunStatus.COMPLETED, started, result=result)
+
+    def _outcome(
+        self,
+        delivery: Delivery,
+        status: RunStatus,
+        started: int,
+        *,
+        attempts: int,
+        result_json: str = "null",
+        error: str | None = None,
+        exc: BaseException | None = None,
+    ) -> str:
+        return encode_outcome(
+            status,
+            queue=delivery.queue,
+            encoded_key=""
+            if delivery.concurrency_key is None
+            else encode_concurrency_key(delivery.concurrency_key),
+            encoded_tenant="" if delivery.tenant is None else encode_tenant(delivery.tenant),
+            attempts=attempts,
+            finished_at_ms=wall_clock_ms(),
+            started_at_ms=started,
+            result_json=result_json,
+            error=error,
+            traceback=None if exc is None else _traceback_text(exc),
+        )
 
     def _finish(
         self,
         delivery: Delivery,
         status: RunStatus,
+        started: int,
         *,
-        attempts: int,
-        result_json: str = "null",
+        result: Any = None,
         error: str | None = None,
+        exc: BaseException | None = None,
     ) -> None:
-        outcome = outcome_json(
-            status, queue=delivery.queue, concurrency_key=delivery.concurrency_key,
-            attempts=attempts, result_json=result_json, error=error, finished_at_ms=wall_clock_ms(),
-        )  # fmt: skip
-        self._finished.append(_Finished(delivery, outcome))
+        if delivery.lease_member in self._abandoned:
+            return
+        task = self.app.tasks[delivery.queue]
+        keep = status is not RunStatus.COMPLETED or result is not None or delivery.keep_outcome
+        if task.keep_result is False and status is RunStatus.COMPLETED:
+            keep = False
+        if task.keep_result is True:
+            keep = True
+        outcome = None
+        if keep:
+            attempts = delivery.attempt + (0 if status is RunStatus.COMPLETED else 1)
+            outcome = self._outcome(
+                delivery, status, started, attempts=attempts,
+                result_json=_result_json(result) if status is RunStatus.COMPLETED else "null",
+                error=error, exc=exc,
+            )  # fmt: skip
+        word = {RunStatus.COMPLETED: "completed", RunStatus.CANCELLED: "cancelled",
+                RunStatus.TIMED_OUT: "timed_out"}.get(status, "failed")  # fmt: skip
+        self._finished.append(Finish(delivery, word, outcome))
         self._ack_wake.set()
+        self._log_run(delivery, status.value, started, error)
+        if self.metrics is not None:
+            self.metrics.finished(delivery, status.value, (wall_clock_ms() - started) / 1000)
         self._count_end()
 
-    async def _retry(self, task: Task[Any], delivery: Delivery, exc: Exception) -> None:
+    def _log_run(self, delivery: Delivery, outcome: str, started: int, error: str | None) -> None:
+        run_log.info(
+            "run %s %s",
+            delivery.run_id,
+            outcome,
+            extra={
+                "run_id": delivery.run_id, "queue": delivery.queue,
+                "concurrency_key": delivery.concurrency_key, "tenant": delivery.tenant,
+                "attempt": delivery.attempt + 1, "duration_ms": wall_clock_ms() - started,
+                "outcome": outcome, "error": error,
+            },
+        )  # fmt: skip
+
+    async def _retry(
+        self,
+        task: Task[Any, Any],
+        delivery: Delivery,
+        exc: BaseException,
+        started: int,
+        *,
+        error: str | None = None,
+    ) -> None:
         assert self._rq is not None
         rq = self._rq
         attempts = delivery.attempt + 1
         policy = task.retry
-        error = _error_text(exc)
+        error = error or _error_text(exc)
         last = attempts >= policy.max_attempts
-        status = RunStatus.DEAD_LETTERED if last else RunStatus.QUEUED
-        outcome = outcome_json(
-            status, queue=delivery.queue, concurrency_key=delivery.concurrency_key,
-            attempts=attempts, error=error, finished_at_ms=wall_clock_ms() if last else None,
-        )  # fmt: skip
-        log.info(
-            "run %s failed (attempt %d of %d): %s",
-            delivery.run_id,
-            attempts,
-            policy.max_attempts,
-            error,
+        outcome = (
+            self._outcome(
+                delivery, RunStatus.DEAD_LETTERED, started, attempts=attempts, error=error, exc=exc
+            )
+            if last
+            else None
         )
         try:
-            await rq.client.set(
-                self.app.outcome_key(rq, delivery.run_id), outcome, ex=self.app.result_ttl_seconds
-            )
             result = await rq.nack(
                 delivery,
-                retry_at_ms=wall_clock_ms() + policy.delay_ms(attempts, rq.rng),
+                retry_delay_ms=policy.delay_ms(attempts, rq.rng),
                 max_attempts=policy.max_attempts,
+                error=error,
+                outcome_json=outcome,
             )
-        except (RedisError, OSError) as e:  # the lease will lapse and the run come back
+        except ConnectionLostError as e:  # the lease will lapse and the run come back
             log.warning("nack of %s failed (%s); its lease will lapse", delivery.run_id, e)
             return
         if result is NackOutcome.DEAD_LETTERED:
             self.stats.dead_lettered += 1
+            self._log_run(delivery, "dead_lettered", started, error)
             self._count_end()
         elif result is NackOutcome.REQUEUED:
             self.stats.retried += 1
+            self._log_run(delivery, "retried", started, error)
         else:
             self.stats.lease_lost += 1
+        if self.metrics is not None:
+            word = "retried" if result is NackOutcome.REQUEUED else result.value
+            self.metrics.finished(delivery, word, (wall_clock_ms() - started) / 1000)
 
     # ------------------------------------------------------------------ helpers
 
     async def _flush_acks(self) -> None:
         if not self._finished or self._rq is None:
             return
-        rq = self._rq
         batch, self._finished = self._finished, []
         try:
-            pipe = rq.client.pipeline(transaction=False)
-            for f in batch:
-                pipe.set(
-                    self.app.outcome_key(rq, f.delivery.run_id),
-                    f.outcome,
-                    ex=self.app.result_ttl_seconds,
-                )
-            await pipe.execute()
-            statuses = await rq.ack([f.delivery for f in batch])
-        except (RedisError, OSError) as exc:
-            log.warning("ack of %d run(s) failed (%s); retrying", len(batch), exc)
+            statuses = await self._rq.finish(batch)
+        except ConnectionLostError as exc:
+            log.warning("finishing %d run(s) failed (%s); retrying", len(batch), exc)
             self._finished[:0] = batch
+            await self._connection_lost()
             await asyncio.sleep(0.2)
             return
         for f, st in zip(batch, statuses, strict=True):
             if st is not AckStatus.ACKED:
                 self.stats.lease_lost += 1
-                log.warning("run %s: ack found %s (it may run again)", f.delivery.run_id, st.value)
+                log.warning(
+                    "run %s: finish found %s (it may run again)", f.delivery.run_id, st.value
+                )
 
     async def _ack_loop(self) -> None:
         while not self._acks_closed:
             await self._ack_wake.wait()
             self._ack_wake.clear()
             await self._flush_acks()
-        await self._flush_acks()
+        while self._finished:
+            await self._flush_acks()
+            if self._finished:
+                await asyncio.sleep(0.2)
 
     async def _heartbeat_loop(self) -> None:
         assert self._rq is not None
         interval = self._rq.config.lease_ms / 3000
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(interval)
-            deliveries = list(self._inflight.values())
-            if not deliveries:
+            await asyncio.sleep(min(interval, PROGRESS_INTERVAL_S))
+            now = time.monotonic()
+            self._check_cancel_deadlines(now)
+            if now - last < interval and not self._progress:
                 continue
+            last = now
+            runs = list(self._inflight.items())
+            if not runs:
+                continue
+            progress = dict(self._progress)
+            self._progress.clear()
             try:
-                alive = await self._rq.heartbeat(deliveries)
-            except (RedisError, OSError) as exc:
+                statuses = await self._rq.heartbeat(
+                    [r.delivery for _, r in runs], progress=progress
+                )
+            except ConnectionLostError as exc:
                 log.warning("heartbeat failed (%s)", exc)
                 continue
-            for d, ok in zip(deliveries, alive, strict=True):
-                if not ok:
-                    log.warning("run %s: lease lost (it may run again elsewhere)", d.run_id)
+            for (task, run), st in zip(runs, statuses, strict=True):
+                if st is HeartbeatStatus.CANCEL_REQUESTED:
+                    self._request_cancel(task)
+                elif not st.alive:
+                    log.warning(
+                        "run %s: lease lost (it may run again elsewhere)", run.delivery.run_id
+                    )
 
-    async def _expired_loop(self) -> None:
+    def _check_cancel_deadlines(self, now: float) -> None:
+        """A cancelled run that did not stop within cancel_grace ends cancelled anyway."""
+        for task, run in list(self._inflight.items()):
+            if run.cancel_at is not None and now >= run.cancel_at and not task.done():
+                log.warning(
+                    "run %s did not stop within %ss of its cancellation; abandoned",
+                    run.delivery.run_id, self.cancel_grace,
+                )  # fmt: skip
+                self.stats.cancelled += 1
+                self._finish(
+                    run.delivery, RunStatus.CANCELLED, wall_clock_ms(),
+                    error=f"did not stop within {self.cancel_grace:g}s of its cancellation",
+                )  # fmt: skip
+                self._abandoned.add(run.delivery.lease_member)
+                task.cancel(msg="fairq: run abandoned after its cancellation")
+
+    async def _schedule_loop(self) -> None:
+        if not self.run_schedules or not self.app.schedules:
+            return
+        assert self._rq is not None
+        scheduler = Scheduler(self.app)
         while True:
             try:
-                await self.app.record_expired()
-            except (RedisError, OSError) as exc:
-                log.warning("recording expired runs failed (%s)", exc)
-            await asyncio.sleep(max(self.maintenance_interval, 0.5))
+                await scheduler.tick(self._rq)
+            except ConnectionLostError as exc:
+                log.warning("schedules: %s", exc)
+            await asyncio.sleep(1.0)
 
 
 async def run_worker(app: Fairq, **options: Any) -> WorkerStats:

@@ -207,19 +207,16 @@ def test_bad_concurrency_keys_are_rejected(bad: object, reason: str) -> None:
 
 def _all_queue_keys(schema: KeySchema, env: Environment, queue: str) -> set[str]:
     q = schema.queue(env, queue)
-    return {
-        q.queued,
-        q.inflight,
-        q.limits,
-        q.ck_index,
-        q.ck_busy,
-        q.ck_queued_counter,
-        q.ck_running_counter,
-        q.vtime,
-        q.vtime_floor,
-        q.vtime_idle,
-        q.ck_weights,
-    }
+    return {getattr(q, attr) for attr in K.QUEUE_KEYS} | {q.history(0)}
+
+
+def _all_env_keys(schema: KeySchema, env: Environment) -> set[str]:
+    e = schema.env(env)
+    return {getattr(e, attr) for attr in K.ENV_KEYS} | {e.message("run1"), e.outcome("run1")}
+
+
+def _all_shard_keys(schema: KeySchema) -> set[str]:
+    return {getattr(s, attr) for s in schema.shards() for attr in K.SHARD_KEYS}
 
 
 def test_no_encoded_concurrency_key_collides_with_another_key() -> None:
@@ -228,14 +225,15 @@ def test_no_encoded_concurrency_key_collides_with_another_key() -> None:
     schema = KeySchema("fq", 2)
     env = Environment("o", "p", "e")
     fixed = _all_queue_keys(schema, env, "q") | _all_queue_keys(schema, env, "q/ck")
-    e = schema.env(env)
-    fixed |= {e.inflight, e.limits, e.queues, e.dlq}
-    for s in schema.shards():
-        fixed |= {s.master, s.leases, s.ttl, s.expired, s.envs}
+    fixed |= _all_env_keys(schema, env) | _all_shard_keys(schema)
     q = schema.queue(env, "q")
     seen: set[str] = set()
-    for ck in [*TRICKY_KEYS, "queued", "inflight", "ckindex", "a:ck:b", "b:queued"]:
+    for ck in [*TRICKY_KEYS, "queued", "inflight", "ckindex", "a:ck:b", "b:queued", "keys", "t"]:
         encoded = K.encode_concurrency_key(ck)
+        tenant_keys = q.tenant_keys(K.encode_tenant(ck))
+        assert tenant_keys not in fixed
+        assert tenant_keys not in seen
+        seen.add(tenant_keys)
         for key in (q.variant_queued(encoded), q.variant_inflight(encoded)):
             assert key not in fixed
             assert key not in seen
@@ -252,11 +250,10 @@ def test_every_key_of_an_environment_shares_its_shard_tag() -> None:
     for name in ("env1", "env2", "env3", "e1234"):
         env = Environment("o", "p", name)
         shard = schema.shard(schema.shard_of(env))
-        keys = _all_queue_keys(schema, env, "task/a")
-        e = schema.env(env)
-        keys |= {e.inflight, e.limits, e.queues, e.dlq, e.message("run1")}
-        keys |= {shard.master, shard.leases, shard.ttl, shard.expired, shard.envs}
+        keys = _all_queue_keys(schema, env, "task/a") | _all_env_keys(schema, env)
+        keys |= {getattr(shard, attr) for attr in K.SHARD_KEYS}
         q = schema.queue(env, "task/a")
+        keys.add(q.tenant_keys(K.encode_tenant("{t}")))
         keys |= {q.variant_queued(K.encode_concurrency_key("{x}")), q.variant_inflight("a")}
         for key in keys:
             assert key.startswith(shard.tag + ":")
@@ -271,10 +268,43 @@ def test_different_prefixes_never_share_keys() -> None:
     assert a.wake_channel != b.wake_channel
 
 
-def test_master_and_lease_members_round_trip() -> None:
+def test_heads_and_lease_members_round_trip() -> None:
     env = Environment("org-1", "proj.1", "prod_1")
     for kind in (K.KIND_QUEUE, K.KIND_CK):
-        member = K.master_member(kind, env, "task/with/slashes")
-        assert K.parse_master_member(member) == (kind, env, "task/with/slashes")
+        member = K.heads_member(kind, env, "task/with/slashes")
+        assert K.parse_heads_member(member) == (kind, env, "task/with/slashes")
     member = K.lease_member(env, "run_1.a-b")
     assert K.parse_lease_member(member) == (env, "run_1.a-b")
+
+
+def test_reserved_flow_and_default_tenant_names_cannot_be_encoded_values() -> None:
+    """'*' (the keyless flow) and '/<queue>' (a queue's default tenant) are never the
+    encoding of a user's key or tenant, so they can never be confused with one."""
+    for value in ["*", "/", "/jobs", "%2A", "a/b", *TRICKY_KEYS]:
+        for encoded in (K.encode_concurrency_key(value), K.encode_tenant(value)):
+            assert encoded != K.KEYLESS_FLOW
+            assert not encoded.startswith("/")
+    assert K.decode_tenant("/jobs") is None
+    assert K.decode_tenant(K.encode_tenant("acme/eu")) == "acme/eu"
+
+
+def test_a_lone_surrogate_key_or_tenant_is_refused() -> None:
+    with pytest.raises(InvalidNameError, match="surrogate"):
+        K.encode_concurrency_key("a\udc80")
+    with pytest.raises(InvalidNameError, match="surrogate"):
+        K.encode_tenant("\ud800")
+
+
+def test_the_lua_key_builders_spell_the_same_names_as_python() -> None:
+    """The Lua schema is generated from the same tables; its builders produce the same
+    strings (checked on the generated text)."""
+    lua = K.lua_schema()
+    for table in (K.SHARD_KEYS, K.ENV_KEYS, K.QUEUE_KEYS, K.VARIANT_KEYS, K.TENANT_KEYS):
+        for attr, suffix in table.items():
+            assert f"{attr} = '{suffix}'" in lua
+    schema = KeySchema("fq", 4)
+    env = Environment("o", "p", "e")
+    q = schema.queue(env, "jobs")
+    tag = schema.tag_of(env)
+    assert q.base == f"{tag}:{K.QUEUE_PART}:{env.id}:jobs"
+    assert f"tag .. ':{K.QUEUE_PART}:' .. env_id .. ':' .. queue" in lua

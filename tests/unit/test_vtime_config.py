@@ -13,7 +13,16 @@ def test_defaults_match_the_plan() -> None:
     assert (vt.enabled, vt.quantum, vt.scan_window_multiplier, vt.state_ttl_seconds) == (
         False, 1.0, 3, 86_400,
     )  # fmt: skip
-    assert (vt.join_policy, RunQueueConfig().max_per_key_per_call) == ("floor", 1)
+    assert vt.join_policy == "floor"
+
+
+def test_defaults_that_hold_per_key_batch_follows_the_order_and_arrival_cap_is_finite() -> None:
+    """No process-level per-key batch: the order decides (age 1, fair the whole call);
+    the behind-the-leader arrival cap is finite (one quantum) by default."""
+    assert RunQueueConfig().max_per_key_per_call is None
+    vt = VirtualTimeOptions()
+    assert vt.arrival_cap == 1.0
+    assert (vt.charge, vt.charge_unit_ms) == ("count", 1000)
 
 
 def test_environment_variables_are_read() -> None:
@@ -65,7 +74,10 @@ def test_invalid_variables_fail_at_start_naming_the_variable(name: str, value: s
         {"join_policy": "nowhere"},
         {"arrival_cap": -1.0},
         {"arrival_cap": float("nan")},
-        {"idle_max_entries": 0},
+        {"arrival_cap": float("inf")},
+        {"charge": "time"},
+        {"charge_unit_ms": 0},
+        {"enabled": "yes"},
     ],
 )
 def test_invalid_options_raise_configuration_error(changes: dict[str, object]) -> None:

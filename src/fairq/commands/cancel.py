@@ -1,4 +1,4 @@
-"""``fairq cancel``: cancel runs that have not started."""
+"""``fairq cancel``: cancel runs (queued, dead-lettered, or running: its worker stops it)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from fairq.models import CancelOutcome
 _SAID = {
     CancelOutcome.CANCELLED: "cancelled (it will not run)",
     CancelOutcome.REMOVED_FROM_DLQ: "removed from the dead-letter queue",
-    CancelOutcome.RUNNING: "running: not cancelled (its worker finishes it)",
+    CancelOutcome.CANCEL_REQUESTED: "running: its worker was asked to stop it",
+    CancelOutcome.ALREADY_FINISHED: "already finished: nothing to cancel",
     CancelOutcome.UNKNOWN: "unknown: not queued, running or dead-lettered",
 }
 
@@ -22,7 +23,8 @@ _SAID = {
 @url_option
 @run_async
 async def command(env_name: str, run_ids: tuple[str, ...], url: str | None) -> None:
-    """Cancel queued (or dead-lettered) runs: `fairq cancel ENV RUN_ID...`.
+    """Cancel runs: `fairq cancel ENV RUN_ID...`. A queued or dead-lettered run is
+    removed; a running run's worker is asked to stop it (it ends cancelled).
 
     Exits with status 1 when any run could not be cancelled.
     """
@@ -33,7 +35,7 @@ async def command(env_name: str, run_ids: tuple[str, ...], url: str | None) -> N
         for run_id in run_ids:
             outcome = await rq.cancel(env, run_id)
             click.echo(f"{run_id}: {_SAID[outcome]}")
-            failed |= outcome in (CancelOutcome.RUNNING, CancelOutcome.UNKNOWN)
+            failed |= outcome in (CancelOutcome.ALREADY_FINISHED, CancelOutcome.UNKNOWN)
     finally:
         await rq.close()
     if failed:

@@ -39,12 +39,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fairq.app import Fairq, TriggerItem
+from fairq.app import Fairq
 from fairq.config import RunQueueConfig
 from fairq.errors import FairqError
 from fairq.keys import Environment
 from fairq.server import EmbeddedServer, connect
 from fairq.store import RunQueue, wall_clock_ms
+from fairq.tasks import TriggerItem
 from fairq.worker import Worker
 
 #: The heavy tenant's name.
@@ -242,16 +243,11 @@ def figures(
 
 
 async def _cleanup(url: str, prefix: str) -> None:
-    client = await connect(url)
+    rq = RunQueue(await connect(url), RunQueueConfig(prefix=prefix, shard_count=1))
     try:
-        batch: list[Any] = []
-        for pattern in ("{" + prefix + ".*", prefix + ":*"):
-            async for key in client.scan_iter(match=pattern, count=500):
-                batch.append(key)
-        for key in batch:
-            await client.delete(key)
+        await rq.purge()
     finally:
-        await client.aclose()
+        await rq.close()
 
 
 async def _serve_dashboard(url: str, prefix: str, port: int, console: Console) -> Any:

@@ -7,7 +7,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fairq.commands._common import open_queue, run_async, url_option
+from fairq.errors import FairqError
 from fairq.keys import Environment
+from fairq.store.admin import Change, env_option, queue_option
 
 
 def _env(value: str) -> Environment:
@@ -103,22 +105,28 @@ async def set_limits(
     has_size, size = _optional_int(size_limit, "--size-limit")
     if not (has_conc or has_size or burst is not None):
         raise click.UsageError("nothing to set: give --concurrency, --size-limit or --burst")
-    rq = await open_queue(url)
+    # the whole command is validated before anything is written, then applied at once
+    changes: list[Change] = []
     try:
         if queue is None:
-            if (has_conc and conc is None) or (has_size and size is None):
-                await rq.remove_env_limits(env)
-                click.echo(f"{env}: limits back to the defaults")
-            await rq.set_env_limits(
-                env, concurrency=conc, burst_factor=burst, queue_size_limit=size
-            )
+            if has_conc:
+                changes.append(env_option("concurrency", conc))
+            if burst is not None:
+                changes.append(env_option("burst_factor", burst))
+            if has_size:
+                changes.append(env_option("max_queue_size", size))
         else:
             if burst is not None:
                 raise click.UsageError("--burst applies to an environment, not a queue")
             if has_conc:
-                await rq.set_queue_concurrency(env, queue, conc)
+                changes.append(queue_option(queue, "concurrency", conc))
             if has_size:
-                await rq.set_queue_size_limit(env, queue, size)
+                changes.append(queue_option(queue, "max_size", size))
+    except FairqError as exc:
+        raise click.BadParameter(str(exc)) from None
+    rq = await open_queue(url)
+    try:
+        await rq.configure(env, changes)
     finally:
         await rq.close()
     parts = [
@@ -148,18 +156,21 @@ async def pause(env_name: str, queue: str, url: str | None) -> None:
 @command.command(name="resume")
 @click.argument("env_name", metavar="ENV")
 @click.argument("queue")
-@click.option("--concurrency", type=int, default=None, help="Resume with this limit.")
+@click.option("--concurrency", type=int, default=None, help="Also set this limit.")
 @url_option
 @run_async
 async def resume(env_name: str, queue: str, concurrency: int | None, url: str | None) -> None:
-    """Resume a paused queue (its concurrency limit is removed unless --concurrency)."""
+    """Resume a paused queue (it keeps its concurrency limit unless --concurrency)."""
     env = _env(env_name)
+    try:
+        changes = [queue_option(queue, "paused", None)]
+        if concurrency is not None:
+            changes.append(queue_option(queue, "concurrency", concurrency))
+    except FairqError as exc:
+        raise click.BadParameter(str(exc)) from None
     rq = await open_queue(url)
     try:
-        if concurrency is None:
-            await rq.resume_queue(env, queue)
-        else:
-            await rq.set_queue_concurrency(env, queue, concurrency)
+        await rq.configure(env, changes)
     finally:
         await rq.close()
     click.echo(f"{env} {queue}: resumed")
@@ -175,7 +186,10 @@ async def resume(env_name: str, queue: str, concurrency: int | None, url: str | 
 async def weight(env_name: str, queue: str, key: str, weight: str | None, url: str | None) -> None:
     """Weight a concurrency key in the fair order (2 = twice the share); omit to reset."""
     env = _env(env_name)
-    value = None if weight is None or weight.lower() == "none" else float(weight)
+    try:
+        value = None if weight is None or weight.lower() == "none" else float(weight)
+    except ValueError:
+        raise click.BadParameter(f"{weight!r} is not a number or 'none'", param_hint="WEIGHT") from None
     rq = await open_queue(url)
     try:
         await rq.set_concurrency_key_weight(env, queue, key, value)

@@ -30,7 +30,6 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from fairq import keys as K
 from fairq.config import RunQueueConfig, VirtualTimeOptions
 from fairq.models import Delivery, EnqueueRequest
 from fairq.server import AnyRedis, info_per_node
@@ -400,15 +399,5 @@ class Simulation:
             return await self.aged.dequeue_from_queue(
                 SIM_ENV, queue, keyed=False, max_count=1, now_ms=now
             )
-        q = self.rq.keys.queue(SIM_ENV, CK_QUEUE)
-        ck = K.encode_concurrency_key(key)
-        # the seed's spike: re-score the chosen variant so the age order picks it first
-        await self.client.zadd(q.ck_index, {ck: 0}, xx=True)
-        got = await self.aged.dequeue_from_queue(
-            SIM_ENV, CK_QUEUE, keyed=True, max_count=1, now_ms=now
-        )
-        if not any(d.concurrency_key == key for d in got):
-            head = await self.client.zrange(q.variant_queued(ck), 0, 0, withscores=True)
-            if head:
-                await self.client.zadd(q.ck_index, {ck: head[0][1]}, xx=True)
-        return got
+        # the reference models choose the key; the store serves that key's oldest run
+        return await self.aged.dequeue_variant(SIM_ENV, CK_QUEUE, key, max_count=1, now_ms=now)

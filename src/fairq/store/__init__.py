@@ -29,11 +29,12 @@ from fairq.store.enqueue import EnqueueOps
 from fairq.store.finish import FinishOps
 from fairq.store.maintenance import MaintenanceOps
 from fairq.store.readers import HistoryBucket, ReaderOps, RecentRun
+from fairq.store.runs import RunOps
 from fairq.store.selection import SelectionStrategy
 from fairq.store.validate import payload as encode_payload
 
 
-class RunQueue(EnqueueOps, DequeueOps, FinishOps, MaintenanceOps, AdminOps, ReaderOps):
+class RunQueue(EnqueueOps, DequeueOps, FinishOps, RunOps, MaintenanceOps, AdminOps, ReaderOps):
     """Enqueue, dequeue, finish and inspect runs; set limits and options.
 
     Args:
@@ -52,6 +53,7 @@ class RunQueue(EnqueueOps, DequeueOps, FinishOps, MaintenanceOps, AdminOps, Read
     ) -> None:
         StoreCore.__init__(self, client, config, rng=rng)
         self.selection = SelectionStrategy(self.rng)
+        self._batches = {}
 
 
 __all__ = [

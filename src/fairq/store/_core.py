@@ -106,7 +106,10 @@ class StoreCore:
             return "fair"
         now = time.monotonic()
         for env_id, seen in self._fair_envs.items():
-            if now - seen < FAIR_MEMORY_S and self.keys.shard_of(Environment.parse(env_id)) == shard:
+            if (
+                now - seen < FAIR_MEMORY_S
+                and self.keys.shard_of(Environment.parse(env_id)) == shard
+            ):
                 return "fair"
         return "age"
 
@@ -128,8 +131,8 @@ class StoreCore:
         count = str(self.config.shard_count)
 
         async def agree() -> Any:
-            await self.client.hsetnx(meta, "shard_count", count)  # type: ignore[misc]
-            return await self.client.hget(meta, "shard_count")  # type: ignore[misc]
+            await self.client.hsetnx(meta, "shard_count", count)
+            return await self.client.hget(meta, "shard_count")
 
         recorded = await self.read(agree())
         if recorded is not None and text_of(recorded) != count:

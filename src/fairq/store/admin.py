@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from fairq import keys as K
-from fairq.errors import InvalidLimitError
+from fairq.errors import InvalidLimitError, InvalidNameError
 from fairq.keys import Environment
 from fairq.store import validate
 from fairq.store._core import StoreCore
@@ -76,10 +76,42 @@ def rate_value(rate: str | float | int, burst: int) -> str:
 
 
 class AdminOps(StoreCore):
+    async def purge(self) -> int:
+        """Delete every key of this store's prefix (tests, the simulator, the demo).
+        Returns how many keys it deleted. Uses SCAN (on every master of a cluster)."""
+        patterns = ["{" + self.keys.prefix + ".*", self.keys.prefix + ":*"]
+        deleted = 0
+
+        async def sweep(client: Any) -> int:
+            found = 0
+            for pattern in patterns:
+                batch: list[Any] = []
+                async for key in client.scan_iter(match=pattern, count=1000):
+                    batch.append(key)
+                    if len(batch) >= 500:
+                        found += await self._unlink(batch)
+                        batch = []
+                found += await self._unlink(batch)
+            return found
+
+        # a cluster client's scan_iter walks every master
+        deleted += await self.read(sweep(self.client))
+        return deleted
+
+    async def _unlink(self, keys: list[Any]) -> int:
+        if not keys:
+            return 0
+
+        def build(pipe: Any) -> None:
+            for key in keys:
+                pipe.unlink(key)
+
+        return sum(int(n) for n in await self.pipeline(build))
+
     async def configure(self, env: Environment, changes: Sequence[Change]) -> None:
         """Apply changes to one environment's settings atomically (all or nothing)."""
         if not isinstance(env, Environment):
-            raise K.InvalidNameError("environment", env, "must be an Environment")
+            raise InvalidNameError("environment", env, "must be an Environment")
         if len(changes) > MAX_CHANGES:
             raise InvalidLimitError("changes", len(changes), f"at most {MAX_CHANGES} per call")
         args: list[str] = [env.id]
@@ -104,11 +136,17 @@ class AdminOps(StoreCore):
         limit (an argument left at None is left as it is)."""
         changes = []
         if concurrency is not None:
-            changes.append(env_option("concurrency", validate.limit("env concurrency limit", concurrency)))
+            changes.append(
+                env_option("concurrency", validate.limit("env concurrency limit", concurrency))
+            )
         if burst_factor is not None:
-            changes.append(env_option("burst_factor", validate.number("burst factor", burst_factor, 1, 100)))
+            changes.append(
+                env_option("burst_factor", validate.number("burst factor", burst_factor, 1, 100))
+            )
         if queue_size_limit is not None:
-            changes.append(env_option("max_queue_size", validate.limit("queue size limit", queue_size_limit)))
+            changes.append(
+                env_option("max_queue_size", validate.limit("queue size limit", queue_size_limit))
+            )
         await self.configure(env, changes)
 
     async def clear_env_limits(self, env: Environment, *names: str) -> None:
@@ -191,7 +229,9 @@ class AdminOps(StoreCore):
                 queue; with none of these, the limit of the queue as a whole.
         """
         if sum(x is not None for x in (key, tenant, per)) > 1:
-            raise InvalidLimitError("rate limit scope", (key, tenant, per), "give one of key, tenant, per")
+            raise InvalidLimitError(
+                "rate limit scope", (key, tenant, per), "give one of key, tenant, per"
+            )
         value = None if rate is None else rate_value(rate, burst)
         if key is not None:
             change = Change("key_rates", queue, K.encode_concurrency_key(key), value)
@@ -200,11 +240,15 @@ class AdminOps(StoreCore):
             return
         if tenant is not None:
             K.validate_name("queue", queue, allow_slash=True)
-            await self.configure(env, [Change("tenant_rates", queue, K.encode_tenant(tenant), value)])
+            await self.configure(
+                env, [Change("tenant_rates", queue, K.encode_tenant(tenant), value)]
+            )
             return
         prefix = {"key": "key_", "tenant": "tenant_", None: ""}[per]
         if rate is None:
-            await self.set_queue_options(env, queue, **{f"{prefix}rate": None, f"{prefix}rate_burst": None})
+            await self.set_queue_options(
+                env, queue, **{f"{prefix}rate": None, f"{prefix}rate_burst": None}
+            )
         else:
             per_second = parse_rate(rate)
             await self.set_queue_options(

@@ -4,21 +4,25 @@ environments of a shard when a dequeue is not limited to one environment."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fairq import keys as K
 from fairq.keys import Environment
-from fairq.models import DequeueBatch, Delivery
+from fairq.models import Delivery, DequeueBatch
 from fairq.store import validate
 from fairq.store._core import StoreCore, text_of
 from fairq.store.selection import EnvPlan, SelectionStrategy
 
 #: Fields of one delivered run in a dequeue reply (dequeue.lua).
-DELIVERY_FIELDS = 9
+DELIVERY_FIELDS = 11
 
 
 class DequeueOps(StoreCore):
     selection: SelectionStrategy
+
+    if TYPE_CHECKING:
+
+        async def queues(self, env: Environment) -> list[str]: ...
 
     def _deliveries(self, env: Environment, raw: list[Any]) -> list[Delivery]:
         out = []
@@ -36,6 +40,8 @@ class DequeueOps(StoreCore):
                     score_ms=int(float(raw[i + 7])),
                     enqueued_at_ms=int(float(raw[i + 8])),
                     tenant=K.decode_tenant(tenant) if tenant else None,
+                    timeout_ms=int(raw[i + 9]) or None,
+                    keep_outcome=text_of(raw[i + 10]) == "keep",
                 )
             )
         return out
@@ -105,7 +111,9 @@ class DequeueOps(StoreCore):
                 if len(out) >= max_count:
                     break
                 if queues is not None:
-                    plan = EnvPlan(plan.env, [q for q in plan.queues if q in queues], plan.oldest_ms)
+                    plan = EnvPlan(
+                        plan.env, [q for q in plan.queues if q in queues], plan.oldest_ms
+                    )
                 batch = await self.dequeue_env(
                     plan.env, plan.queues, max_count - len(out), lease_ms=lease_ms, now_ms=now_ms
                 )
@@ -185,14 +193,14 @@ class DequeueOps(StoreCore):
             return now_ms
         if not hasattr(self.client, "time"):
             return 0
-        seconds, micros = await self.read(self.client.time())
-        return int(seconds) * 1000 + int(micros) // 1000
+        clock: Any = await self.read(self.client.time())
+        return int(clock[0]) * 1000 + int(clock[1]) // 1000
 
     async def _plan(self, shard: int, now_ms: int | None) -> list[EnvPlan]:
         """A shard's ready environments, in the selection strategy's order."""
         s = self.keys.shard(shard)
         now = await self._server_now(now_ms)
-        raw = await self.read(
+        raw: Any = await self.read(
             self.client.zrangebyscore(
                 s.heads, "-inf", now, start=0, num=self.selection.parent_queue_limit,
                 withscores=True,
@@ -233,6 +241,7 @@ class DequeueOps(StoreCore):
 
     async def _next_due(self, shards: list[int], now_ms: int | None) -> int | None:
         """ms until the earliest future head over the shards (None when all are empty)."""
+
         def heads(pipe: Any) -> None:
             for shard in shards:
                 pipe.zrange(self.keys.shard(shard).heads, 0, 0, withscores=True)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from fairq import keys as K
-from fairq.errors import QueueSizeLimitExceededError
+from fairq.errors import InvalidLimitError, InvalidNameError, QueueSizeLimitExceededError
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult, EnqueueStatus
 from fairq.store import validate
@@ -27,7 +27,65 @@ _STATUS: Final = {
 }
 
 
+_Pending = list[tuple[EnqueueRequest, list[str], "asyncio.Future[EnqueueResult]"]]
+
+
 class EnqueueOps(StoreCore):
+    #: Single-run enqueues waiting for the end of this event-loop turn, per queue.
+    _batches: dict[tuple[int, Environment, str, int | None], _Pending]
+
+    async def enqueue_one(
+        self, request: EnqueueRequest, *, now_ms: int | None = None
+    ) -> EnqueueResult:
+        """Queue one run in one round trip. Calls made in the same event-loop turn for
+        the same queue are sent together in one script call (each caller still gets its
+        own result, and a size-limit rejection only for its own run).
+
+        Raises:
+            InvalidNameError, PayloadError, InvalidLimitError: bad input (nothing written).
+        """
+        encoded = self.encode_request(request)
+        if now_ms is not None:
+            validate.time_ms("now_ms", now_ms)
+        loop = asyncio.get_running_loop()
+        key = (id(loop), request.env, request.queue, now_ms)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = []
+            loop.call_soon(self._send_batch, key)
+        future: asyncio.Future[EnqueueResult] = loop.create_future()
+        batch.append((request, encoded, future))
+        return await future
+
+    def _send_batch(self, key: tuple[int, Environment, str, int | None]) -> None:
+        batch = self._batches.pop(key, [])
+        if batch:
+            asyncio.get_running_loop().create_task(self._deliver_batch(key, batch))
+
+    async def _deliver_batch(
+        self, key: tuple[int, Environment, str, int | None], batch: _Pending
+    ) -> None:
+        _, env, queue, now_ms = key
+        try:
+            for start in range(0, len(batch), MAX_RUNS_PER_CALL):
+                part = batch[start : start + MAX_RUNS_PER_CALL]
+                args: list[str] = [env.id, queue, "", "0"]
+                for _, encoded, _ in part:
+                    args.extend(encoded)
+                reply = await self.call_for_env("enqueue", env, args, now_ms)
+                self.decode("enqueue", reply[0])
+                limit = int(reply[1])
+                for (request, _, future), code in zip(part, reply[2:], strict=True):
+                    if not future.done():
+                        status = _STATUS[self.decode("enqueue", code)]
+                        future.set_result(EnqueueResult(request.run_id, status, limit))
+        except BaseException as exc:
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+
     async def enqueue(
         self,
         env: Environment,
@@ -72,7 +130,7 @@ class EnqueueOps(StoreCore):
             env, queue, run_id, payload, concurrency_key, delay_ms, available_at_ms,
             priority_ms, ttl_ms, tenant, keep_outcome,
         )  # fmt: skip
-        (result,) = await self.enqueue_many([request], now_ms=now_ms)
+        result = await self.enqueue_one(request, now_ms=now_ms)
         if result.status is EnqueueStatus.REJECTED:
             raise QueueSizeLimitExceededError(queue, result.queue_size_limit)
         return result.status
@@ -86,24 +144,56 @@ class EnqueueOps(StoreCore):
         if not isinstance(r, EnqueueRequest):
             raise TypeError(f"expected an EnqueueRequest, got {type(r).__name__}")
         if not isinstance(r.env, Environment):
-            raise K.InvalidNameError("environment", r.env, "must be an Environment")
+            raise InvalidNameError("environment", r.env, "must be an Environment")
         K.validate_name("queue", r.queue, allow_slash=True)
         K.validate_name("run id", r.run_id)
-        encoded_ck = "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
+        encoded_ck = (
+            "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
+        )
         encoded_tenant = "" if r.tenant is None else K.encode_tenant(r.tenant)
         delay = validate.duration_ms("delay_ms", r.delay_ms)
         priority = validate.duration_ms("priority_ms", r.priority_ms)
         available = (
-            "" if r.available_at_ms is None else str(validate.time_ms("available_at_ms", r.available_at_ms))
+            ""
+            if r.available_at_ms is None
+            else str(validate.time_ms("available_at_ms", r.available_at_ms))
         )
         ttl = 0 if r.ttl_ms is None else validate.duration_ms("ttl_ms", r.ttl_ms, minimum=1)
         if not isinstance(r.keep_outcome, bool):
-            raise validate.InvalidLimitError("keep_outcome", r.keep_outcome, "must be True or False")
+            raise InvalidLimitError("keep_outcome", r.keep_outcome, "must be True or False")
+        timeout = (
+            0
+            if r.timeout_ms is None
+            else validate.duration_ms("timeout_ms", r.timeout_ms, minimum=1)
+        )
         payload = validate.payload(r.payload, self.config.max_payload_bytes)
         return [
             r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(priority),
-            str(ttl), payload, "keep" if r.keep_outcome else "",
+            str(ttl), payload, "keep" if r.keep_outcome else "", str(timeout),
         ]  # fmt: skip
+
+    async def enqueue_tick(
+        self,
+        schedule: str,
+        tick_ms: int,
+        request: EnqueueRequest,
+        *,
+        now_ms: int | None = None,
+    ) -> EnqueueResult | None:
+        """Enqueue a schedule's run for one tick, exactly once however many processes
+        call this: the script claims the tick only if it is later than the schedule's
+        last claimed one. Returns None when another caller already claimed it."""
+        validate.text("schedule", schedule, 200)
+        if not schedule or ":" in schedule:
+            raise InvalidLimitError("schedule", schedule, "must be 1..200 characters without ':'")
+        validate.time_ms("tick_ms", tick_ms)
+        encoded = self.encode_request(request)
+        args = [request.env.id, request.queue, schedule, str(tick_ms), *encoded]
+        reply = await self.call_for_env("enqueue", request.env, args, now_ms)
+        if self.decode("enqueue", reply[0]) is Status.TICK_TAKEN:
+            return None
+        status = _STATUS[self.decode("enqueue", reply[2])]
+        return EnqueueResult(request.run_id, status, int(reply[1]))
 
     async def enqueue_many(
         self, requests: Sequence[EnqueueRequest], *, now_ms: int | None = None
@@ -128,7 +218,7 @@ class EnqueueOps(StoreCore):
         ]
 
         async def one(env: Environment, queue: str, indexes: list[int]) -> None:
-            args: list[str] = [env.id, queue]
+            args: list[str] = [env.id, queue, "", "0"]
             for i in indexes:
                 args.extend(encoded[i])
             reply = await self.call_for_env("enqueue", env, args, now_ms)

@@ -18,6 +18,7 @@ from fairq.models import (
 )
 from fairq.store import validate
 from fairq.store._core import StoreCore
+from fairq.store.scripts import Order
 from fairq.store.status import Status
 
 #: The finish statuses the ack script records in a queue's history.
@@ -57,7 +58,10 @@ def _check_delivery(d: object) -> Delivery:
 
 class FinishOps(StoreCore):
     async def _per_shard(
-        self, operation: str, head: list[str], items: list[tuple[Delivery, list[str]]],
+        self,
+        operation: str,
+        head: list[str],
+        items: list[tuple[Delivery, list[str]]],
         now_ms: int | None,
     ) -> list[Status]:
         """Run a batch script once per shard (the fair build when any of its environments
@@ -68,7 +72,7 @@ class FinishOps(StoreCore):
         statuses: list[Status] = [Status.UNKNOWN_RUN] * len(items)
         for shard, indexes in by_shard.items():
             envs = {items[i][0].env for i in indexes}
-            order = "fair" if any(self.order_for(e) == "fair" for e in envs) else "age"
+            order: Order = "fair" if any(self.order_for(e) == "fair" for e in envs) else "age"
             args = list(head)
             for i in indexes:
                 args.extend(items[i][1])
@@ -165,12 +169,32 @@ class FinishOps(StoreCore):
         deliveries: Sequence[Delivery],
         *,
         lease_ms: int | None = None,
+        progress: dict[str, tuple[float, str]] | None = None,
         now_ms: int | None = None,
     ) -> list[HeartbeatStatus]:
-        """Extend leases (to now + lease on the server's clock); each run's full outcome."""
+        """Extend leases (to now + lease on the server's clock); each run's full outcome.
+
+        Args:
+            progress: run id -> (fraction 0..1, message): recorded with the run in the
+                same call (so reporting progress costs no extra round trip).
+        """
         validate.batch("heartbeat", deliveries)
         lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)
-        items = [(d, [d.lease_member, str(d.lease_token)]) for d in map(_check_delivery, deliveries)]
+        notes = progress or {}
+
+        def note(d: Delivery) -> str:
+            if d.run_id not in notes:
+                return ""
+            fraction, message = notes[d.run_id]
+            validate.number("progress", fraction, 0.0, 1.0)
+            return (
+                f"{float(fraction):.4f}:{validate.text('progress message', message, 10_000)[:1000]}"
+            )
+
+        items = [
+            (d, [d.lease_member, str(d.lease_token), note(d)])
+            for d in map(_check_delivery, deliveries)
+        ]
         if not items:
             return []
         statuses = await self._per_shard("heartbeat", [str(lease)], items, now_ms)
@@ -181,7 +205,9 @@ class FinishOps(StoreCore):
     ) -> list[ReleaseStatus]:
         """Free the concurrency slots of leased runs but keep them leased."""
         validate.batch("release", deliveries)
-        items = [(d, [d.lease_member, str(d.lease_token)]) for d in map(_check_delivery, deliveries)]
+        items = [
+            (d, [d.lease_member, str(d.lease_token)]) for d in map(_check_delivery, deliveries)
+        ]
         if not items:
             return []
         statuses = await self._per_shard("release", [], items, now_ms)

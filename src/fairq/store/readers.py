@@ -93,17 +93,25 @@ class ReaderOps(StoreCore):
                 pipe.zrange(q.ck_index, 0, 0, withscores=True)
 
         raw = await self.pipeline(build)
-        seconds, micros = raw[0]
-        now = int(seconds) * 1000 + int(micros) // 1000
+        clock: Any = raw[0]
+        now = int(clock[0]) * 1000 + int(clock[1]) // 1000
         config = raw[1]
         env_size, env_order, env_mpk, env_charge = (_opt(v) for v in config[:4])
         out: list[QueueStats] = []
         width = len(QUEUE_OPTIONS)
-        for i, (name, q) in enumerate(zip(queues, qkeys, strict=True)):
+        for i, name in enumerate(queues):
             zq, si, ckq, ckr, idx, head, ckhead = raw[2 + i * 7 : 2 + i * 7 + 7]
-            qc = dict(zip(QUEUE_OPTIONS, (_opt(v) for v in config[4 + i * width : 4 + (i + 1) * width]), strict=True))
+            qc = dict(
+                zip(
+                    QUEUE_OPTIONS,
+                    (_opt(v) for v in config[4 + i * width : 4 + (i + 1) * width]),
+                    strict=True,
+                )
+            )
             if (ckq is None and idx) or (ckr is None and idx):
-                seeded = await self.call("seed_counters", "age", self.keys.tag_of(env), [env.id, name], None)
+                seeded = await self.call(
+                    "seed_counters", "age", self.keys.tag_of(env), [env.id, name], None
+                )
                 ckq, ckr = seeded[1], seeded[2]
             heads = [float(h[0][1]) for h in (head, ckhead) if h]
             size = qc["max_size"] if qc["max_size"] is not None else env_size
@@ -125,7 +133,8 @@ class ReaderOps(StoreCore):
                     is_paused=qc["paused"] == "1",
                     total_concurrency_limit=None if qc["total"] is None else int(qc["total"]),
                     order=qc["order"] or env_order or ("fair" if self.fair else "age"),
-                    max_per_key_per_call=int(qc["max_per_key"] or env_mpk or 0) or self.config.max_per_key_per_call,
+                    max_per_key_per_call=int(qc["max_per_key"] or env_mpk or 0)
+                    or self.config.max_per_key_per_call,
                     charge=qc["charge"] or env_charge or self.config.vtime.charge,
                     rate=None if qc["rate"] is None else float(qc["rate"]),
                     rate_burst=None if qc["rate_burst"] is None else int(qc["rate_burst"]),
@@ -138,7 +147,9 @@ class ReaderOps(StoreCore):
     async def _variants(self, env: Environment, queue: str) -> list[VariantStats]:
         q = self.keys.queue(env, queue)
         e = self.keys.env(env)
-        indexed = await self.read(self.client.zrange(q.ck_index, 0, MAX_VARIANTS - 1, withscores=True))
+        indexed: Any = await self.read(
+            self.client.zrange(q.ck_index, 0, MAX_VARIANTS - 1, withscores=True)
+        )
         names = [text_of(m) for m, _ in indexed]
         heads = {text_of(m): int(sc) for m, sc in indexed}
         if not names:
@@ -186,13 +197,34 @@ class ReaderOps(StoreCore):
         return EnvStats(
             env=env,
             running=int(running),
-            concurrency_limit=int(limits[0]) if limits[0] is not None else self.config.default_env_concurrency,
-            burst_factor=float(limits[1]) if limits[1] is not None else self.config.default_burst_factor,
+            concurrency_limit=int(limits[0])
+            if limits[0] is not None
+            else self.config.default_env_concurrency,
+            burst_factor=float(limits[1])
+            if limits[1] is not None
+            else self.config.default_burst_factor,
             queue_size_limit=int(limits[2]) if limits[2] is not None else None,
             dead_lettered=int(dlq),
             order=_opt(limits[3]) or ("fair" if self.fair else "age"),
             weight=1.0 if weight is None else float(weight),
         )
+
+    async def server_time_ms(self) -> int:
+        """The server's clock (ms): what every script's "now" is."""
+        clock: Any = await self.read(self.client.time())
+        return int(clock[0]) * 1000 + int(clock[1]) // 1000
+
+    async def schedule_ticks(self, env: Environment, names: Sequence[str]) -> dict[str, int]:
+        """The last claimed tick (ms) of each named schedule that has one."""
+        if not names:
+            return {}
+        raw = await self.read(self.client.hmget(self.keys.env(env).schedules, list(names)))
+        return {n: int(v) for n, v in zip(names, raw, strict=True) if v is not None}
+
+    async def env_order_setting(self, env: Environment) -> str | None:
+        """The order stored for the environment (None: none set; process defaults apply)."""
+        raw = await self.read(self.client.hget(self.keys.env(env).config, "order"))
+        return _opt(raw)
 
     async def environments(self) -> list[Environment]:
         """Every environment that ever enqueued, across shards."""
@@ -242,7 +274,7 @@ class ReaderOps(StoreCore):
         """The environment's dead-lettered runs, oldest first (with their last error)."""
         validate.integer("limit", limit, 1, 10_000)
         e = self.keys.env(env)
-        members = await self.read(self.client.zrange(e.dlq, 0, limit - 1, withscores=True))
+        members: Any = await self.read(self.client.zrange(e.dlq, 0, limit - 1, withscores=True))
         if not members:
             return []
         run_ids = [text_of(m) for m, _ in members]
@@ -252,7 +284,9 @@ class ReaderOps(StoreCore):
                 pipe.hmget(e.message(run_id), ["q", "k", "a", "p", "e", "n"])
 
         out: list[DeadLetter] = []
-        for (run_id, (_, score)), h in zip(zip(run_ids, members, strict=True), await self.pipeline(build), strict=True):
+        for (run_id, (_, score)), h in zip(
+            zip(run_ids, members, strict=True), await self.pipeline(build), strict=True
+        ):
             if h[0] is None:
                 continue
             out.append(
@@ -278,7 +312,9 @@ class ReaderOps(StoreCore):
         e = self.keys.env(env)
 
         def build(pipe: Any) -> None:
-            pipe.hmget(e.message(run_id), ["st", "a", "q", "k", "n", "t", "s", "ls", "p", "e", "cx", "pg"])
+            pipe.hmget(
+                e.message(run_id), ["st", "a", "q", "k", "n", "t", "s", "ls", "p", "e", "cx", "pg"]
+            )
             pipe.get(e.outcome(run_id))
 
         message, outcome_raw = await self.pipeline(build)
@@ -293,7 +329,9 @@ class ReaderOps(StoreCore):
                 run_id=run_id,
                 status=STATE_STATUS.get(state, RunStatus.QUEUED),
                 queue=_opt(message[2]),
-                concurrency_key=K.decode_concurrency_key(text_of(message[3])) if message[3] else None,
+                concurrency_key=K.decode_concurrency_key(text_of(message[3]))
+                if message[3]
+                else None,
                 tenant=K.decode_tenant(text_of(message[4])) if message[4] else None,
                 attempts=int(message[1] or 0),
                 enqueued_at_ms=int(float(message[5])) if message[5] else None,
@@ -308,7 +346,9 @@ class ReaderOps(StoreCore):
             )
         return outcome
 
-    async def recent_runs(self, env: Environment, queue: str, *, limit: int = 100) -> list[RecentRun]:
+    async def recent_runs(
+        self, env: Environment, queue: str, *, limit: int = 100
+    ) -> list[RecentRun]:
         """The queue's most recently finished runs, newest first."""
         validate.integer("limit", limit, 1, 100_000)
         q = self.keys.queue(env, queue)
@@ -339,8 +379,7 @@ class ReaderOps(StoreCore):
         validate.integer("window_ms", window_ms, HISTORY_BUCKET_MS, 3_600_000)
         q = self.keys.queue(env, queue)
         if now_ms is None:
-            seconds, micros = await self.read(self.client.time())
-            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            now_ms = await self.server_time_ms()
         last = now_ms // HISTORY_BUCKET_MS
         first = last - window_ms // HISTORY_BUCKET_MS + 1
 
@@ -355,7 +394,9 @@ class ReaderOps(StoreCore):
             for name, n in f.items():
                 if name.startswith("t:"):
                     tenant = name[2:]
-                    by_tenant[None if tenant.startswith("/") else K.decode_concurrency_key(tenant)] = n
+                    by_tenant[
+                        None if tenant.startswith("/") else K.decode_concurrency_key(tenant)
+                    ] = n
             out.append(
                 HistoryBucket(
                     start_ms=bucket * HISTORY_BUCKET_MS,

@@ -245,7 +245,9 @@ class ScriptRegistry:
     def __init__(self, read: Reader = _package_reader, names: list[str] | None = None) -> None:
         self._scripts: dict[tuple[str, Order | None], Script] = {}
         for name in script_names() if names is None else names:
-            orders: tuple[Order | None, ...] = ("age", "fair") if uses_order(name, read) else (None,)
+            orders: tuple[Order | None, ...] = (
+                ("age", "fair") if uses_order(name, read) else (None,)
+            )
             for order in orders:
                 source = assemble(name, order, read)
                 sha = hashlib.sha1(source.text.encode("utf-8")).hexdigest()

@@ -44,16 +44,21 @@ class Status(enum.IntEnum):
     OK = 40
     #: The age-order script met a queue whose order is fair; nothing was written.
     NEEDS_FAIR = 41
-    #: A schedule tick was claimed (and its run enqueued) by this call.
-    TICK_CLAIMED = 50
-    #: Another caller already claimed this schedule tick.
-    TICK_TAKEN = 51
+    #: Another caller already claimed this schedule tick: nothing was written.
+    TICK_TAKEN = 50
 
 
 #: Which statuses each operation may return (anything else is a protocol error).
 REPLIES: Final[dict[str, frozenset[Status]]] = {
     "enqueue": frozenset(
-        {Status.ENQUEUED, Status.DUPLICATE, Status.REJECTED_SIZE, Status.OK, Status.NEEDS_FAIR}
+        {
+            Status.ENQUEUED,
+            Status.DUPLICATE,
+            Status.REJECTED_SIZE,
+            Status.OK,
+            Status.NEEDS_FAIR,
+            Status.TICK_TAKEN,
+        }
     ),
     "dequeue": frozenset({Status.OK, Status.NEEDS_FAIR}),
     "dequeue_variant": frozenset({Status.OK}),
@@ -64,9 +69,7 @@ REPLIES: Final[dict[str, frozenset[Status]]] = {
     "heartbeat": frozenset(
         {Status.EXTENDED, Status.CANCEL_REQUESTED, Status.UNKNOWN_RUN, Status.LEASE_LOST}
     ),
-    "release": frozenset(
-        {Status.RELEASED, Status.NOT_HELD, Status.UNKNOWN_RUN, Status.LEASE_LOST}
-    ),
+    "release": frozenset({Status.RELEASED, Status.NOT_HELD, Status.UNKNOWN_RUN, Status.LEASE_LOST}),
     "redrive": frozenset({Status.REDRIVEN, Status.NOT_IN_DLQ}),
     "cancel": frozenset(
         {
@@ -81,8 +84,6 @@ REPLIES: Final[dict[str, frozenset[Status]]] = {
     "expire_ttl": frozenset({Status.OK}),
     "configure": frozenset({Status.OK}),
     "seed_counters": frozenset({Status.OK}),
-    "schedule_tick": frozenset({Status.TICK_CLAIMED, Status.TICK_TAKEN}),
-    "progress": frozenset({Status.OK, Status.UNKNOWN_RUN, Status.LEASE_LOST}),
 }
 
 

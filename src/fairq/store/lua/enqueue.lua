@@ -15,13 +15,16 @@ ARGV
     default_env_concurrency default_burst_factor default_max_per_key default_quantum
     default_window default_join default_arrival_cap default_charge
   FIRST_ARG      env id      FIRST_ARG + 1  queue
-  then 9 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
+  FIRST_ARG + 2  schedule name ('' = none)   FIRST_ARG + 3  schedule tick (ms)
+    with a schedule, the call enqueues only if this tick is later than the schedule's
+    last claimed tick (then it becomes the last): exactly once however many callers
+  then 10 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
     available at (ms, absolute; '' = now + delay), delay (ms), priority (ms, a time
     credit: the run orders as if this much older), TTL (ms from now, 0 = none),
-    payload (JSON), outcome policy ('' | 'keep')
+    payload (JSON), outcome policy ('' | 'keep'), timeout (ms, 0 = none)
 Reply
-  {status (OK | NEEDS_FAIR), size limit in force (0 = none), one status per run
-   (ENQUEUED, DUPLICATE, REJECTED_SIZE)}
+  {status (OK | NEEDS_FAIR | TICK_TAKEN), size limit in force (0 = none), one status
+   per run (ENQUEUED, DUPLICATE, REJECTED_SIZE)}
 ]]
 --@context now counter_ttl state_ttl wake_channel default_queue_size_limit default_order
 --@context default_env_concurrency default_burst_factor default_max_per_key default_quantum
@@ -31,16 +34,19 @@ Reply
 --@include runs
 --@include order
 
-local FIELDS = 9
+local FIELDS = 10
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
 local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
-local count = arg_groups(FIRST_ARG + 2, FIELDS, 'run')
+local schedule = ARGV[FIRST_ARG + 2]
+local tick = arg_int(ARGV[FIRST_ARG + 3], 'schedule tick', 0, MAX_TIME_MS)
+if schedule ~= '' then arg_name(schedule, 'schedule name', 200) end
+local count = arg_groups(FIRST_ARG + 4, FIELDS, 'run')
 
 -- check every run before the first write
 local runs = {}
 for r = 0, count - 1 do
-  local i = FIRST_ARG + 2 + r * FIELDS
+  local i = FIRST_ARG + 4 + r * FIELDS
   local run = {
     id = arg_name(ARGV[i], 'run id', 128),
     ck = ARGV[i + 1], tenant = ARGV[i + 2],
@@ -48,6 +54,7 @@ for r = 0, count - 1 do
     priority = arg_int(ARGV[i + 5], 'priority_ms', 0, MAX_TIME_MS),
     ttl = arg_int(ARGV[i + 6], 'ttl_ms', 0, MAX_TIME_MS),
     payload = ARGV[i + 7], keep = arg_word(ARGV[i + 8], 'outcome policy', {'', 'keep'}),
+    timeout = arg_int(ARGV[i + 9], 'timeout_ms', 0, MAX_TIME_MS),
   }
   if run.ck ~= '' and not string.match(run.ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
   if run.tenant ~= '' and not string.match(run.tenant, '^[%w_%.%-%%]+$') then
@@ -69,6 +76,12 @@ local V = env_prefix(tag, env_id)
 local env, by_name = config_read(X, V, env_id, {queue})
 local Q = by_name[queue]
 if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, 0} end
+if schedule ~= '' then
+  local schedules = env_key(V, 'schedules')
+  local last = tonumber(redis.call('HGET', schedules, schedule))
+  if last ~= nil and last >= tick then return {S.TICK_TAKEN, 0} end
+  redis.call('HSET', schedules, schedule, tick)
+end
 
 local max_size = Q.max_size or 0
 local size = nil -- on first need: keyless runs + runs queued across all variants
@@ -99,6 +112,10 @@ for _, run in ipairs(runs) do
       if run.keep ~= '' then
         fields[#fields + 1] = 'o'
         fields[#fields + 1] = run.keep
+      end
+      if run.timeout > 0 then
+        fields[#fields + 1] = 'to'
+        fields[#fields + 1] = run.timeout
       end
       redis.call('HSET', mkey, unpack(fields))
       place_queued(X, Q, run.ck, run.id, run.score, run.tenant)

@@ -7,7 +7,8 @@ KEYS
 ARGV
   context: now
   FIRST_ARG  lease (ms, 1..86400000)
-  then 2 per run: lease member (org:project:env:run), lease token
+  then 3 per run: lease member (org:project:env:run), lease token, progress to record
+    ('' = none; 'fraction:message', bounded by the caller)
 Reply
   one status per run: EXTENDED (new deadline now + lease), CANCEL_REQUESTED (extended,
   and someone asked to cancel the run: its worker should stop it), UNKNOWN_RUN,
@@ -18,11 +19,13 @@ Reply
 
 local tag = KEYS[1]
 local lease_ms = arg_int(ARGV[FIRST_ARG], 'lease_ms', 1, 86400000)
-local count = arg_groups(FIRST_ARG + 1, 2, 'run')
+local count = arg_groups(FIRST_ARG + 1, 3, 'run')
 local todo = {}
 for r = 0, count - 1 do
-  local i = FIRST_ARG + 1 + r * 2
-  todo[#todo + 1] = {arg_member(ARGV[i]), arg_int(ARGV[i + 1], 'lease token', 0, 1e15)}
+  local i = FIRST_ARG + 1 + r * 3
+  local progress = ARGV[i + 2]
+  if #progress > 1100 then fail('progress is too long') end
+  todo[#todo + 1] = {arg_member(ARGV[i]), arg_int(ARGV[i + 1], 'lease token', 0, 1e15), progress}
 end
 local leases = shard_key(tag, 'leases')
 local deadline = C.now + lease_ms
@@ -35,7 +38,11 @@ for _, t in ipairs(todo) do
   elseif f[1] ~= 'running' or tonumber(f[2]) ~= t[2] then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
-    redis.call('HSET', mkey, 'l', deadline)
+    if t[3] ~= '' then
+      redis.call('HSET', mkey, 'l', deadline, 'pg', t[3])
+    else
+      redis.call('HSET', mkey, 'l', deadline)
+    end
     extended[#extended + 1] = deadline
     extended[#extended + 1] = t[1]
     statuses[#statuses + 1] = f[3] and S.CANCEL_REQUESTED or S.EXTENDED

@@ -2,13 +2,14 @@
 --@require state counters runs
 
 --- Fields of one delivered run in a dequeue reply.
-local DELIVERY_FIELDS = 9
+local DELIVERY_FIELDS = 11
 
 -- Claim up to `limit` ready runs (score <= now, oldest first) of flow `flow` of queue Q
 -- into their slots, leasing each until now + lease_ms. `ta` is the named tenant the
 -- runs' slots count under ('' = none). Stale entries (hash gone) are dropped; runs
 -- whose TTL passed are reported, never delivered. Each delivered run appends
---   run id, queue, payload, encoded key, tenant, attempt, lease token, score, enqueued at
+--   run id, queue, payload, encoded key, tenant, attempt, lease token, score, enqueued at,
+--   timeout (ms, 0 = none), outcome policy ('' | 'keep')
 -- to `out`. With `max_score`, only runs scored below it (or equal, when `tie_ok`) are
 -- claimed. Returns the number delivered and the flow's next head score (nil = empty).
 local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
@@ -35,7 +36,7 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
       looked[#looked + 1] = run
       local member = Q.env_id .. ':' .. run
       local mkey = run_key(X.tag, member)
-      local f = redis.call('HMGET', mkey, 'p', 'a', 's', 't', 'x', 'd')
+      local f = redis.call('HMGET', mkey, 'p', 'a', 's', 't', 'x', 'd', 'to', 'o')
       if not f[1] then
         -- stale: the run was finished elsewhere; nothing to deliver
       elseif tonumber(f[5] or '0') > 0 and tonumber(f[5]) <= X.now then
@@ -56,6 +57,8 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
         out[#out + 1] = token
         out[#out + 1] = f[3]
         out[#out + 1] = f[4]
+        out[#out + 1] = f[7] or 0
+        out[#out + 1] = f[8] or ''
         delivered = delivered + 1
       end
     end

@@ -1,0 +1,155 @@
+"""Schedules: periodic triggers, each tick enqueued exactly once however many workers run.
+
+A schedule is a cron expression (5 fields, in a time zone; parsed by ``cronsim``) or an
+interval. Every worker of the app runs a :class:`Scheduler`; once a second each works out
+the ticks that are due since the schedule's last claimed tick (kept on the server) and
+claims them with ``RunQueue.enqueue_tick``: the enqueue script enqueues a tick's run only
+if the tick is later than the last claimed one, atomically, so a tick is enqueued once.
+
+Catch-up after downtime (no worker ran for a while):
+
+* ``none``: missed ticks are skipped; only a tick that is due now (less than one period
+  late, at most a minute) is enqueued;
+* ``latest`` (default): the latest missed tick is enqueued, older ones skipped;
+* ``all``: every missed tick is enqueued in order, at most ``max_catch_up`` (the oldest
+  beyond that are skipped).
+
+A schedule seen for the first time starts from the present: nothing before it is due.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from fairq.errors import ConfigurationError
+from fairq.models import EnqueueRequest
+
+if TYPE_CHECKING:
+    from fairq.app import Fairq, Schedule
+    from fairq.store import RunQueue
+
+#: How late a tick may be and still count as "on time" for catch-up ``none`` (ms).
+ON_TIME_MS: Final = 60_000
+#: The shortest interval schedule (ms).
+MIN_INTERVAL_MS: Final = 1_000
+
+
+def validate_schedule(s: Schedule) -> None:
+    """Check a schedule's expression, time zone and policy.
+
+    Raises:
+        ConfigurationError: what is wrong.
+    """
+    if (s.cron is None) == (s.every_ms is None):
+        raise ConfigurationError(f"schedule {s.name!r}: give exactly one of cron= and every=")
+    if s.every_ms is not None and s.every_ms < MIN_INTERVAL_MS:
+        raise ConfigurationError(f"schedule {s.name!r}: every= must be at least 1 second")
+    try:
+        zone = ZoneInfo(s.timezone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ConfigurationError(f"schedule {s.name!r}: unknown time zone {s.timezone!r}") from None
+    if s.cron is not None:
+        if not isinstance(s.cron, str):
+            raise ConfigurationError(f"schedule {s.name!r}: cron must be a string")
+        try:
+            next(CronSim(s.cron, datetime.now(zone)))
+        except (CronSimError, StopIteration) as exc:
+            raise ConfigurationError(f"schedule {s.name!r}: bad cron expression: {exc}") from None
+    if s.catch_up not in ("none", "latest", "all"):
+        raise ConfigurationError(f"schedule {s.name!r}: catch_up must be none, latest or all")
+    if (
+        isinstance(s.max_catch_up, bool)
+        or not isinstance(s.max_catch_up, int)
+        or not 1 <= s.max_catch_up <= 10_000
+    ):
+        raise ConfigurationError(f"schedule {s.name!r}: max_catch_up must be in 1..10000")
+    if ":" in s.name or len(s.name) > 200:
+        raise ConfigurationError(f"schedule {s.name!r}: a name has at most 200 characters, no ':'")
+
+
+def ticks_after(s: Schedule, after_ms: int) -> Iterator[int]:
+    """The schedule's ticks strictly after ``after_ms``, in ms, forever."""
+    if s.every_ms is not None:
+        tick = (after_ms // s.every_ms + 1) * s.every_ms
+        while True:
+            yield tick
+            tick += s.every_ms
+    zone = ZoneInfo(s.timezone)
+    start = datetime.fromtimestamp(after_ms / 1000, UTC).astimezone(zone)
+    assert s.cron is not None
+    for when in CronSim(s.cron, start):
+        ms = int(when.timestamp() * 1000)
+        if ms > after_ms:
+            yield ms
+
+
+def due_ticks(s: Schedule, last_ms: int | None, now_ms: int) -> list[int]:
+    """The ticks to claim now, by the schedule's catch-up policy (oldest first)."""
+    if last_ms is None:
+        # first sight: only a tick that is due right now (this very second)
+        last_ms = now_ms - 1_000
+    due: list[int] = []
+    for tick in ticks_after(s, last_ms):
+        if tick > now_ms:
+            break
+        due.append(tick)
+        if (s.catch_up == "all" and len(due) > s.max_catch_up) or (
+            s.catch_up != "all" and len(due) > 1
+        ):
+            due.pop(0)
+        if len(due) > 10_000:  # pragma: no cover - bounded by max_catch_up
+            break
+    if s.catch_up == "none" and due:
+        period = (next(ticks_after(s, due[-1])) - due[-1]) if due else ON_TIME_MS
+        if now_ms - due[-1] > min(period, ON_TIME_MS):
+            return []
+    return due
+
+
+def run_id_of(s: Schedule, tick_ms: int) -> str:
+    """A tick's run id (deterministic: the same tick is the same run)."""
+    digest = hashlib.sha256(s.name.encode()).hexdigest()[:12]
+    return f"sched_{digest}_{tick_ms}"
+
+
+class Scheduler:
+    """Enqueues an app's schedules' due ticks (run by every worker; ticks claim once)."""
+
+    def __init__(self, app: Fairq) -> None:
+        self.app = app
+
+    async def tick(self, rq: RunQueue, *, now_ms: int | None = None) -> int:
+        """Claim every due tick of every schedule; returns how many runs this call enqueued."""
+        schedules = list(self.app.schedules.values())
+        if not schedules:
+            return 0
+        now = now_ms if now_ms is not None else await rq.server_time_ms()
+        last = await rq.schedule_ticks(self.app.env, [s.name for s in schedules])
+        enqueued = 0
+        for s in schedules:
+            for tick in due_ticks(s, last.get(s.name), now):
+                request = EnqueueRequest(
+                    env=self.app.env, queue=s.task.queue, run_id=run_id_of(s, tick),
+                    payload=s.payload, concurrency_key=s.concurrency_key, tenant=s.tenant,
+                    ttl_ms=s.task.ttl_ms, timeout_ms=s.task.timeout_ms,
+                    keep_outcome=bool(s.task.keep_result),
+                )  # fmt: skip
+                result = await rq.enqueue_tick(s.name, tick, request, now_ms=now_ms)
+                if result is not None:
+                    enqueued += 1
+        return enqueued
+
+    async def upcoming(self, rq: RunQueue, *, count: int = 3) -> dict[str, list[int]]:
+        """The next ``count`` ticks of every schedule (ms), for ``fairq schedules``."""
+        now = await rq.server_time_ms()
+        out: dict[str, list[int]] = {}
+        for s in self.app.schedules.values():
+            it = ticks_after(s, now)
+            out[s.name] = [next(it) for _ in range(count)]
+        return out

@@ -1,0 +1,43 @@
+"""Operations on one run by its id: cancel it, redrive it from the dead-letter queue."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from fairq import keys as K
+from fairq.errors import RunNotFoundError
+from fairq.keys import Environment
+from fairq.models import CancelOutcome
+from fairq.store._core import StoreCore
+from fairq.store.status import Status
+
+_CANCEL: Final = {
+    Status.CANCELLED: CancelOutcome.CANCELLED,
+    Status.REMOVED_FROM_DLQ: CancelOutcome.REMOVED_FROM_DLQ,
+    Status.CANCEL_REQUESTED: CancelOutcome.CANCEL_REQUESTED,
+    Status.ALREADY_FINISHED: CancelOutcome.ALREADY_FINISHED,
+    Status.UNKNOWN_RUN: CancelOutcome.UNKNOWN,
+}
+
+
+class RunOps(StoreCore):
+    async def cancel(
+        self, env: Environment, run_id: str, *, now_ms: int | None = None
+    ) -> CancelOutcome:
+        """Cancel a run in one script call. A queued run leaves its queue and a
+        dead-lettered one the DLQ (both get the outcome ``cancelled``); a running run is
+        marked, and its worker told, so that it stops it and acks it as cancelled."""
+        K.validate_name("run id", run_id)
+        reply = await self.call_for_env("cancel", env, [env.id, run_id], now_ms)
+        return _CANCEL[self.decode("cancel", reply)]
+
+    async def redrive(self, env: Environment, run_id: str, *, now_ms: int | None = None) -> None:
+        """Move a dead-lettered run back to its queue with attempt 0, ready now.
+
+        Raises:
+            RunNotFoundError: the run is not in the environment's dead-letter queue.
+        """
+        K.validate_name("run id", run_id)
+        reply = await self.call_for_env("redrive", env, [env.id, run_id], now_ms)
+        if self.decode("redrive", reply) is not Status.REDRIVEN:
+            raise RunNotFoundError(run_id, f"the dead-letter queue of {env}")

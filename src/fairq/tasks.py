@@ -1,0 +1,362 @@
+"""Tasks, triggers and run handles: the typed user API of :class:`fairq.Fairq`.
+
+A task is a function (async, or plain and then run in a worker thread) taking one
+JSON payload. ``Task[P, R]`` carries the payload type ``P`` and the result type ``R`` of
+the function it wraps, so ``task.trigger(payload)`` checks the payload and
+``await handle.wait()`` returns ``R`` under a type checker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+from fairq import keys as K
+from fairq.config import RetryPolicy
+from fairq.errors import (
+    ConfigurationError,
+    PayloadError,
+    QueueSizeLimitExceededError,
+    RunFailedError,
+)
+from fairq.models import CancelOutcome, EnqueueRequest, EnqueueStatus
+from fairq.outcomes import RunInfo, RunStatus
+
+if TYPE_CHECKING:
+    from fairq.app import Fairq
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+#: What ``delay``, ``ttl``, ``timeout`` and ``priority`` accept: seconds, or a timedelta.
+Duration = float | int | timedelta
+#: How a task derives a run's tenant: a callable of the payload, or the concurrency
+#: key's prefix up to a separator (``"prefix:/"`` = up to the first ``/``).
+TenantFrom = Callable[[Any], str | None] | str
+
+
+def to_ms(name: str, value: Duration | None) -> int | None:
+    """Seconds (or a timedelta) to whole milliseconds.
+
+    Raises:
+        ConfigurationError: not a finite, non-negative number of seconds or a timedelta.
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"{name} must be a number of seconds or a timedelta, got {value!r}"
+        )
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0:
+        raise ConfigurationError(f"{name} must not be negative, got {value!r}")
+    if seconds > 10 * 365 * 86_400:
+        raise ConfigurationError(f"{name} must be at most 10 years, got {value!r}")
+    return round(seconds * 1000)
+
+
+def new_run_id() -> str:
+    """A fresh, unique run id."""
+    return "run_" + uuid.uuid4().hex
+
+
+def tenant_of(rule: TenantFrom | None, payload: Any, concurrency_key: str | None) -> str | None:
+    """A run's tenant by a task's ``tenant_from`` rule (None when the rule gives none)."""
+    if rule is None:
+        return None
+    if isinstance(rule, str):
+        separator = rule.removeprefix("prefix:")
+        if concurrency_key is None or not separator:
+            return None
+        head, found, _ = concurrency_key.partition(separator)
+        return head if found and head else None
+    tenant = rule(payload)
+    if tenant is not None and not isinstance(tenant, str):
+        raise ConfigurationError(f"tenant_from must return a string or None, got {tenant!r}")
+    return tenant
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerItem(Generic[P]):
+    """One run of :meth:`Task.trigger_many` with its own options (see :meth:`Task.trigger`)."""
+
+    payload: P
+    concurrency_key: str | None = None
+    tenant: str | None = None
+    delay: Duration | None = None
+    ttl: Duration | None = None
+    priority: Duration | None = None
+    run_id: str | None = None
+    timeout: Duration | None = None
+    keep_result: bool | None = None
+
+
+@dataclass(slots=True)
+class RunHandle(Generic[R]):
+    """What a trigger returns: the run id, what the enqueue did, and ways to follow the run.
+
+    Attributes:
+        run_id: the run.
+        task: its task.
+        status: ``ENQUEUED``, ``DUPLICATE`` (the id existed: nothing changed) or
+            ``REJECTED`` (batch triggers only: the queue was at its size limit).
+        error: for ``REJECTED``, the :class:`QueueSizeLimitExceededError`.
+    """
+
+    run_id: str
+    task: Task[Any, R]
+    status: EnqueueStatus
+    error: QueueSizeLimitExceededError | None = None
+
+    @property
+    def enqueued(self) -> bool:
+        return self.status is EnqueueStatus.ENQUEUED
+
+    @property
+    def rejected(self) -> bool:
+        return self.status is EnqueueStatus.REJECTED
+
+    async def info(self) -> RunInfo | None:
+        """The run's current status (see :meth:`Fairq.get_run`)."""
+        return await self.task.app.get_run(self.run_id)
+
+    async def wait(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline on the run, not one await
+        *,
+        poll_interval: float = 0.05,
+    ) -> R:
+        """Wait until the run ends and return its result.
+
+        A run that was seen queued or running and then left no outcome completed
+        without a kept result (see :mod:`fairq.outcomes`): ``None`` is returned.
+
+        Raises:
+            RunFailedError: it failed, timed out, expired, was dead-lettered or cancelled.
+            TimeoutError: it did not end within ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        delay = min(poll_interval, 0.01)
+        seen = self.status is EnqueueStatus.ENQUEUED
+        while True:
+            info = await self.info()
+            if info is None and seen:
+                return cast(R, None)
+            if info is not None:
+                seen = True
+                if info.status.finished:
+                    if info.status is RunStatus.COMPLETED:
+                        return cast(R, info.result)
+                    raise RunFailedError(self.run_id, info.status, info.error)
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"run {self.run_id!r} did not finish within {timeout}s")
+            pause = delay if deadline is None else min(delay, max(0.0, deadline - loop.time()))
+            await asyncio.sleep(pause)
+            delay = min(poll_interval * 10, delay * 2)
+
+    async def cancel(self) -> CancelOutcome:
+        """Cancel the run (see :meth:`Fairq.cancel`)."""
+        return await self.task.app.cancel(self.run_id)
+
+    def info_sync(self) -> RunInfo | None:
+        """Blocking :meth:`info`."""
+        return self.task.app.sync.run(self.info())
+
+    def wait_sync(self, timeout: float | None = None) -> R:
+        """Blocking :meth:`wait`."""
+        return self.task.app.sync.run(self.wait(timeout))
+
+    def cancel_sync(self) -> CancelOutcome:
+        """Blocking :meth:`cancel`."""
+        return self.task.app.sync.run(self.cancel())
+
+
+class Task(Generic[P, R]):
+    """A registered task (created by :meth:`Fairq.task`). Call it to run the function
+    directly, or :meth:`trigger` it to queue a run for a worker."""
+
+    def __init__(
+        self,
+        app: Fairq,
+        fn: Callable[[P], R] | Callable[[P], Awaitable[R]],
+        *,
+        name: str,
+        queue: str,
+        concurrency_limit: int | None = None,
+        queue_size_limit: int | None = None,
+        retry: RetryPolicy | None = None,
+        ttl_ms: int | None = None,
+        timeout: Duration | None = None,
+        keep_result: bool | None = None,
+        tenant_from: TenantFrom | None = None,
+        options: dict[str, object] | None = None,
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.queue = K.validate_name("queue", queue, allow_slash=True)
+        self.concurrency_limit = concurrency_limit
+        self.queue_size_limit = queue_size_limit
+        self.retry = retry or app.config.retry
+        self.ttl_ms = ttl_ms
+        self.timeout_ms = to_ms("timeout", timeout)
+        if self.timeout_ms == 0:
+            raise ConfigurationError("timeout must be positive")
+        if keep_result is not None and not isinstance(keep_result, bool):
+            raise ConfigurationError(
+                f"keep_result must be True, False or None, got {keep_result!r}"
+            )
+        self.keep_result = keep_result
+        if tenant_from is not None and not (callable(tenant_from) or isinstance(tenant_from, str)):
+            raise ConfigurationError("tenant_from must be a callable or 'prefix:<separator>'")
+        self.tenant_from = tenant_from
+        #: Queue settings written on the server by :meth:`Fairq.apply_limits`.
+        self.options = dict(options or {})
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue!r}>"
+
+    def __call__(self, payload: P) -> R | Awaitable[R]:
+        """Run the function in this process (no queue)."""
+        return self.fn(payload)
+
+    def _request(self, item: TriggerItem[P]) -> EnqueueRequest:
+        run_id = item.run_id or new_run_id()
+        ttl_ms = to_ms("ttl", item.ttl)
+        timeout_ms = to_ms("timeout", item.timeout)
+        if timeout_ms == 0:
+            raise ConfigurationError("timeout must be positive")
+        tenant = item.tenant or tenant_of(self.tenant_from, item.payload, item.concurrency_key)
+        keep = item.keep_result if item.keep_result is not None else self.keep_result
+        return EnqueueRequest(
+            env=self.app.env,
+            queue=self.queue,
+            run_id=run_id,
+            payload=item.payload,
+            concurrency_key=item.concurrency_key,
+            delay_ms=to_ms("delay", item.delay) or 0,
+            priority_ms=to_ms("priority", item.priority) or 0,
+            ttl_ms=ttl_ms if ttl_ms is not None else self.ttl_ms,
+            tenant=tenant,
+            keep_outcome=bool(keep),
+            timeout_ms=timeout_ms,
+        )
+
+    def _handle(self, run_id: str, status: EnqueueStatus, limit: int) -> RunHandle[R]:
+        error = (
+            QueueSizeLimitExceededError(self.queue, limit)
+            if status is EnqueueStatus.REJECTED
+            else None
+        )
+        return RunHandle(run_id=run_id, task=self, status=status, error=error)
+
+    async def trigger(
+        self,
+        payload: P,
+        *,
+        concurrency_key: str | None = None,
+        tenant: str | None = None,
+        delay: Duration | None = None,
+        ttl: Duration | None = None,
+        priority: Duration | None = None,
+        run_id: str | None = None,
+        timeout: Duration | None = None,  # noqa: ASYNC109 - the run's timeout, not this call's
+        keep_result: bool | None = None,
+    ) -> RunHandle[R]:
+        """Queue one run of this task (one round trip).
+
+        Args:
+            payload: any JSON-serialisable value; the task receives it decoded.
+            concurrency_key: the key (user, account…) the run belongs to: each key is its
+                own sub-queue, limited by the queue's per-key concurrency limit.
+            tenant: the fairness group it belongs to (default: by the task's
+                ``tenant_from``, else the concurrency key, else the queue).
+            delay: run no earlier than this many seconds from now.
+            ttl: expire the run (never run it) if it has not started within this many
+                seconds (default: the task's ``ttl_ms``).
+            priority: a time credit in seconds: the run orders as if queued this much earlier.
+            run_id: your own id (letters, digits, ``_ . -``); triggering an existing id
+                again changes nothing and returns ``DUPLICATE``. Default: a fresh id.
+            timeout: fail the run as timed out after this many seconds of running
+                (default: the task's ``timeout``).
+            keep_result: keep the outcome even if the task returns None.
+
+        Raises:
+            PayloadError: the payload is not JSON-serialisable, too deep or too large.
+            QueueSizeLimitExceededError: the queue is at its size limit.
+            InvalidNameError, ConfigurationError, InvalidLimitError: bad arguments.
+        """
+        item = TriggerItem(
+            payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout, keep_result
+        )
+        try:
+            request = self._request(item)
+        except PayloadError as exc:
+            raise PayloadError(f"task {self.name!r}: {exc}") from None
+        rq = await self.app.queue()
+        result = await rq.enqueue_one(request)
+        handle = self._handle(result.run_id, result.status, result.queue_size_limit)
+        if handle.error is not None:
+            raise handle.error
+        return handle
+
+    async def trigger_many(self, items: Sequence[TriggerItem[P] | P]) -> list[RunHandle[R]]:
+        """Queue many runs in one round trip per queue. Items are :class:`TriggerItem`
+        or bare payloads.
+
+        Every item is validated before anything is written (one bad payload raises and
+        queues nothing). A run the queue's size limit refuses is *not* raised: its handle
+        has ``status=REJECTED`` and ``error`` set; the others are queued.
+        """
+        normalised = [i if isinstance(i, TriggerItem) else TriggerItem(payload=i) for i in items]
+        requests = []
+        for item in normalised:
+            try:
+                requests.append(self._request(item))
+            except PayloadError as exc:
+                raise PayloadError(f"task {self.name!r}: {exc}") from None
+        if not requests:
+            return []
+        rq = await self.app.queue()
+        results = await rq.enqueue_many(requests)
+        return [self._handle(r.run_id, r.status, r.queue_size_limit) for r in results]
+
+    def trigger_sync(
+        self,
+        payload: P,
+        *,
+        concurrency_key: str | None = None,
+        tenant: str | None = None,
+        delay: Duration | None = None,
+        ttl: Duration | None = None,
+        priority: Duration | None = None,
+        run_id: str | None = None,
+        timeout: Duration | None = None,
+        keep_result: bool | None = None,
+    ) -> RunHandle[R]:
+        """Blocking :meth:`trigger`, for code that is not async (calls made from several
+        threads at once are sent together)."""
+        return self.app.sync.trigger(
+            self,
+            TriggerItem(
+                payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout, keep_result
+            ),
+        )
+
+    def trigger_many_sync(self, items: Sequence[TriggerItem[P] | P]) -> list[RunHandle[R]]:
+        """Blocking :meth:`trigger_many`."""
+        return self.app.sync.run(self.trigger_many(items))
