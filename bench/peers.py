@@ -714,16 +714,19 @@ async def _enqueue_trial(side: Side, kind: str, s: Settings) -> dict[str, Any]:
 async def _worker_trial(
     side: Side, kind: str, s: Settings, workers: Workers, stats: ServerStats
 ) -> dict[str, Any]:
-    timeout = max(60.0, s.n / 50)
+    limit_s = max(60.0, s.n / 50)
     out: dict[str, Any] = {}
-    # What one completion poll costs the server, measured now (nothing else runs yet),
-    # so it can be taken out of the command count.
-    calib_polls = 10
-    a = await stats.snapshot()
-    for _ in range(calib_polls):
+    # What one completion poll costs the server, measured while nothing else runs, so
+    # the polls can be taken out of the command count.
+    calibration_polls = 10
+    first = await stats.snapshot()
+    for _ in range(calibration_polls):
         await side.pending()
     before = await stats.snapshot()
-    per_poll = (before.total - a.total) / calib_polls
+    per_poll = (before.total - first.total) / calibration_polls
+    queued: Snapshot | None = None
+    polls = 0
+    jobs = s.n
 
     if kind == "latency":
         jobs = min(s.n, s.latency_jobs)
@@ -732,46 +735,44 @@ async def _worker_trial(
         for i in range(jobs):
             await side.enqueue(payload(i, time.monotonic()))
             await asyncio.sleep(s.latency_pause_s)
-        await wait_done(side, workers, timeout, s.poll_s)
+        polls, _ = await wait_done(side, workers, limit_s, s.poll_s)
     elif kind in ("drain1", "drain2"):
-        jobs = s.n
         out["enqueue_elapsed_s"] = await enqueue_serial(side, jobs)
         queued = await stats.snapshot()
-        out["queued_by_bookkeeping"] = await side.pending()
-        if out["queued_by_bookkeeping"] != jobs:
-            raise TrialError(f"{side.name}: {out['queued_by_bookkeeping']} queued, not {jobs}")
+        waiting = await side.pending()
+        polls += 1
+        if waiting != jobs:
+            raise TrialError(f"{side.name}: {waiting} job(s) queued after enqueuing {jobs}")
         start = time.monotonic()
         await workers.go()
-        polls, end = await wait_done(side, workers, timeout, s.poll_s)
-        after = await stats.snapshot()
-        elapsed = end - start
-        polls += 1  # the pending() check above
-        commands = after.total - before.total - polls * per_poll
-        out.update(
-            elapsed_s=elapsed,
-            figures={
-                kind: jobs / elapsed,
-                **(
-                    {
-                        "cmds": commands / jobs,
-                        "cpu": (after.cpu_s - before.cpu_s) * 1e6 / jobs,
-                        "mem": (queued.used_memory - before.used_memory) / jobs,
-                    }
-                    if kind == "drain1"
-                    else {}
-                ),
-            },
-            polls=polls,
-            commands_per_poll=per_poll,
-            commands=command_delta(before, after),
-        )
-    else:  # e2e
-        jobs = s.n
+        done_polls, end = await wait_done(side, workers, limit_s, s.poll_s)
+        polls += done_polls
+        out.update(elapsed_s=end - start, figures={kind: jobs / (end - start)})
+    else:  # e2e: the workers go, and the jobs are enqueued while they drain
         start = time.monotonic()
         await workers.go()
         out["enqueue_elapsed_s"] = await enqueue_serial(side, jobs)
-        _, end = await wait_done(side, workers, timeout, s.poll_s)
+        polls, end = await wait_done(side, workers, limit_s, s.poll_s)
         out.update(elapsed_s=end - start, figures={kind: jobs / (end - start)})
+    after = await stats.snapshot()
+
+    # Server cost of the trial (the benchmark's INFO and completion polls left out).
+    server = {
+        "commands_per_job": (after.total - before.total - polls * per_poll) / jobs,
+        "cpu_us_per_job": (after.cpu_s - before.cpu_s) * 1e6 / jobs,
+        "completion_polls": polls,
+        "commands_per_poll": per_poll,
+        "commands": command_delta(before, after),
+    }
+    if queued is not None:
+        server["queued_memory_bytes_per_job"] = (queued.used_memory - before.used_memory) / jobs
+    out["server"] = server
+    if kind == "drain1":
+        out["figures"].update(
+            cmds=server["commands_per_job"],
+            cpu=server["cpu_us_per_job"],
+            mem=server["queued_memory_bytes_per_job"],
+        )
 
     reports = await workers.stop(limit_s=60)
     executed = [r["executed"] for r in reports]
@@ -785,8 +786,7 @@ async def _worker_trial(
         if len(latencies) != jobs:
             raise TrialError(f"{side.name}: {len(latencies)} latencies for {jobs} jobs")
         out["figures"] = {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
-        out["latency_max_ms"] = max(latencies)
-        out["latency_jobs"] = jobs
+        out["latency_ms"] = {"min": min(latencies), "max": max(latencies), "jobs": jobs}
     extra = [
         {k: v for k, v in r.items() if k not in ("latencies_s", "executed", "pid")} for r in reports
     ]
