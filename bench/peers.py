@@ -81,7 +81,7 @@ SYSTEMS = ("fairq", "dramatiq", "saq")
 #: The environment (fairq) / queue name every system uses.
 ENV = "bench:peers:run"
 QUEUE = "noop"
-#: Trials whose figures are throughputs keep at least this many jobs (latency uses fewer).
+#: Producers of the concurrent-enqueue columns.
 ASYNC_TASKS = 100
 SYNC_THREADS = 8
 
