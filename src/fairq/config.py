@@ -134,8 +134,8 @@ class VirtualTimeOptions:
             f"join_policy must be 'floor' or 'behind_leader', got {self.join_policy!r}",
         )
         _check(
-            _is_number(self.arrival_cap) and 0 <= self.arrival_cap <= 1e9,
-            f"arrival_cap must be a number in 0..1e9, got {self.arrival_cap!r}",
+            _is_number(self.arrival_cap) and 0 <= self.arrival_cap <= 1e10,
+            f"arrival_cap must be a number in 0..1e10, got {self.arrival_cap!r}",
         )
         _check(
             self.charge in ("count", "duration"),

@@ -63,7 +63,7 @@ _MAX_PER_KEY = Option("int", 1, 1000, help="runs one dequeue call may take from 
 _QUANTUM = Option("float", 1e-6, 1e6, help="virtual time charged per run")
 _WINDOW = Option("int", 1, 100, help="candidates considered per run asked for")
 _JOIN = Option("word", words=("floor", "behind_leader"), help="where a new key starts")
-_ARRIVAL_CAP = Option("float", 0, 1e9, help="how far above the floor a new key may start")
+_ARRIVAL_CAP = Option("float", 0, 1e10, help="how far above the floor a new key may start")
 _CHARGE = Option("word", words=("count", "duration"), help="charge per run or per run time")
 
 #: Options of an environment (also the defaults of its queues where a queue has the same).

@@ -44,11 +44,11 @@ for r = 0, count - 1 do
 end
 
 local X = state_new(C, tag)
-local statuses, gone = {}, {}
+local statuses, gone, acked = {}, {}, {}
 for _, t in ipairs(todo) do
   local mkey = run_key(tag, t.member)
   local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ls', 'ta')
-  if not f[1] then
+  if not f[1] or acked[t.member] then -- (its hash is deleted at the end of this call)
     statuses[#statuses + 1] = S.UNKNOWN_RUN
   elseif f[3] ~= 'running' or tonumber(f[4]) ~= t.token then
     statuses[#statuses + 1] = S.LEASE_LOST
@@ -67,6 +67,7 @@ for _, t in ipairs(todo) do
       history_add(X, Q, 'run_ms', X.now - started)
       HOOK.charge(X, Q, flow_of(f[2]), ta, X.now - started)
     end
+    acked[t.member] = true
     statuses[#statuses + 1] = S.ACKED
   end
 end

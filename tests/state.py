@@ -1,0 +1,107 @@
+"""White-box views of the store's state for tests (tests may read keys; src may not).
+
+Each helper reads the keys the schema (fairq.keys) names, so a test can assert on the
+exact stored state of the order, the counters and the runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairq import keys as K
+from fairq.keys import Environment
+from fairq.store import RunQueue
+
+
+def s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def run_state(rq: RunQueue, env: Environment, run_id: str) -> str | None:
+    """``queued`` | ``running`` | ``dlq``, or None when the run's hash is gone."""
+    raw = await rq.client.hget(rq.keys.env(env).message(run_id), "st")  # type: ignore[misc]
+    return None if raw is None else s(raw)
+
+
+async def run_fields(rq: RunQueue, env: Environment, run_id: str) -> dict[str, str]:
+    raw = await rq.client.hgetall(rq.keys.env(env).message(run_id))  # type: ignore[misc]
+    return {s(k): s(v) for k, v in raw.items()}
+
+
+async def heads(rq: RunQueue, env: Environment) -> dict[str, float]:
+    """The env's members of its shard's queue-heads index -> score."""
+    shard = rq.keys.shard(rq.keys.shard_of(env))
+    raw = await rq.client.zrange(shard.heads, 0, -1, withscores=True)
+    return {s(m): float(sc) for m, sc in raw if s(m).split(":", 1)[1].startswith(env.id + ":")}
+
+
+async def tenant_tags(rq: RunQueue, env: Environment) -> dict[str, float]:
+    """Every stored tenant tag of the env (V:tt), by encoded tenant (a key serving as
+    its own tenant is its encoded key)."""
+    raw = await rq.client.zrange(rq.keys.env(env).tenant_tags, 0, -1, withscores=True)
+    return {s(m): float(sc) for m, sc in raw}
+
+
+async def tenant_floor(rq: RunQueue, env: Environment) -> float | None:
+    raw = await rq.client.get(rq.keys.env(env).tenant_floor)
+    return None if raw is None else float(raw)
+
+
+async def ready_tenants(rq: RunQueue, env: Environment, queue: str) -> dict[str, float]:
+    """Tenants registered as servable in a queue (B:tq) -> their tag copy."""
+    raw = await rq.client.zrange(rq.keys.queue(env, queue).ready_tenants, 0, -1, withscores=True)
+    return {s(m): float(sc) for m, sc in raw}
+
+
+async def tenant_keys(rq: RunQueue, env: Environment, queue: str, tenant: str) -> dict[str, float]:
+    """The keys of a named tenant in a queue (B:t:N:keys) -> their tag inside the tenant."""
+    q = rq.keys.queue(env, queue)
+    raw = await rq.client.zrange(q.tenant_keys(K.encode_tenant(tenant)), 0, -1, withscores=True)
+    return {s(m): float(sc) for m, sc in raw}
+
+
+async def parked(rq: RunQueue, env: Environment, queue: str) -> dict[str, str]:
+    """Tenants (``t:N``) and keys (``k:K``) taken out of the fair order while gated."""
+    raw = await rq.client.hgetall(rq.keys.queue(env, queue).parked)  # type: ignore[misc]
+    return {s(k): s(v) for k, v in raw.items()}
+
+
+async def ck_index(rq: RunQueue, env: Environment, queue: str) -> dict[str, float]:
+    raw = await rq.client.zrange(rq.keys.queue(env, queue).ck_index, 0, -1, withscores=True)
+    return {s(m): float(sc) for m, sc in raw}
+
+
+async def counters(rq: RunQueue, env: Environment, queue: str) -> tuple[int | None, int | None]:
+    """(B:ckqueued, B:ckrunning) as stored (None = missing)."""
+    q = rq.keys.queue(env, queue)
+    a = await rq.client.get(q.ck_queued_counter)
+    b = await rq.client.get(q.ck_running_counter)
+    return (None if a is None else int(a)), (None if b is None else int(b))
+
+
+async def fair_keys(rq: RunQueue) -> list[str]:
+    """Every fair-order key of this prefix (none may exist with the age order only)."""
+    suffixes = (
+        f":{K.ENV_KEYS['tenant_tags']}", f":{K.ENV_KEYS['tenant_floor']}",
+        f":{K.QUEUE_KEYS['ready_tenants']}", f":{K.QUEUE_KEYS['key_floors']}",
+        f":{K.QUEUE_KEYS['parked']}", f":{K.QUEUE_KEYS['parked_due']}",
+        f":{K.SHARD_KEYS['env_tags']}", f":{K.SHARD_KEYS['env_floor']}",
+        f":{K.TENANT_KEYS['keys']}",
+    )  # fmt: skip
+    out = []
+    async for key in rq.client.scan_iter(match="{" + rq.keys.prefix + ".*", count=1000):
+        name = s(key)
+        if name.endswith(suffixes):
+            out.append(name)
+    return sorted(out)
+
+
+async def keyspace(rq: RunQueue) -> dict[str, bytes]:
+    """Every key of the prefix -> its DUMP (a byte-exact snapshot of the state)."""
+    out: dict[str, bytes] = {}
+    for pattern in ("{" + rq.keys.prefix + ".*", rq.keys.prefix + ":*"):
+        async for key in rq.client.scan_iter(match=pattern, count=1000):
+            dumped = await rq.client.dump(key)
+            if dumped is not None:
+                out[s(key)] = dumped
+    return out
