@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tests.state import heads, run_state
+
 from fairq.keys import Environment
 from fairq.models import AckStatus
 from fairq.store import RunQueue
@@ -24,8 +26,8 @@ async def test_ack_frees_queue_and_env_concurrency(make_queue: Any, env: Environ
     stats = await rq.queue_stats(env, "q")
     assert (stats.queued, stats.running, stats.oldest_score_ms) == (0, 0, None)
     assert (await rq.env_stats(env)).running == 0
-    assert await rq.run_state(env, "r1") is None
-    assert await rq.next_due_ms() is None
+    assert await run_state(rq, env, "r1") is None
+    assert await heads(rq, env) == {}
     assert await rq.dequeue(10, now_ms=T0 + 10) == []
 
 
@@ -60,11 +62,11 @@ async def test_ack_of_a_queued_run_is_refused(make_queue: Any, env: Environment)
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     await rq.enqueue(env, "q", "r2", now_ms=T0 + 1)
     (d,) = await rq.dequeue(1, now_ms=T0)
-    never_delivered = dataclasses.replace(d, run_id="r2", delivery=0)
+    never_delivered = dataclasses.replace(d, run_id="r2", lease_token=0)
 
     assert await rq.ack([never_delivered]) == [AckStatus.LEASE_LOST]
 
-    assert await rq.run_state(env, "r2") == "queued"
+    assert await run_state(rq, env, "r2") == "queued"
     assert (await rq.queue_stats(env, "q")).queued == 1
     assert (await rq.env_stats(env)).running == 1  # r1's slot is untouched
 
@@ -76,8 +78,9 @@ async def test_ack_with_a_wrong_delivery_token_changes_nothing(
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     (d,) = await rq.dequeue(1, now_ms=T0)
 
-    assert await rq.ack([dataclasses.replace(d, delivery=d.delivery + 1)]) == [AckStatus.LEASE_LOST]
-    assert await rq.run_state(env, "r1") == "running"
+    forged = dataclasses.replace(d, lease_token=d.lease_token + 1)
+    assert await rq.ack([forged]) == [AckStatus.LEASE_LOST]
+    assert await run_state(rq, env, "r1") == "running"
     assert (await rq.env_stats(env)).running == 1
     assert await rq.ack([d]) == [AckStatus.ACKED]
 
@@ -110,7 +113,7 @@ async def test_ack_of_a_keyed_run_frees_its_variant(make_queue: Any, env: Enviro
     assert (stats.queued, stats.running) == (1, 0)
     assert [(v.concurrency_key, v.running) for v in stats.variants] == [("a", 0)]
     q = rq.keys.queue(env, "q")
-    assert await rq.client.smembers(q.ck_busy) == set()
+    assert await rq.client.smembers(q.variant_inflight("a")) == set()
     assert [x.run_id for x in await rq.dequeue(10, now_ms=T0 + 1)] == ["a2"]
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.state import run_state
+
 from fairq.keys import Environment
-from fairq.models import AckStatus, Delivery, NackOutcome
+from fairq.models import AckStatus, Delivery, HeartbeatStatus, NackOutcome, ReleaseStatus
 from fairq.store import RunQueue
 
 T0 = 1_700_000_000_000
@@ -29,7 +31,7 @@ async def snapshot(rq: RunQueue, env: Environment, queue: str = "q") -> tuple[An
         await rq.client.smembers(q.inflight),
         await rq.client.zrange(q.queued, 0, -1, withscores=True),
         await rq.client.zrange(shard.leases, 0, -1, withscores=True),
-        await rq.client.zrange(shard.master, 0, -1, withscores=True),
+        await rq.client.zrange(shard.heads, 0, -1, withscores=True),
         await rq.client.hgetall(rq.keys.env(env).message("r1")),
     )
 
@@ -48,12 +50,12 @@ async def test_heartbeat_extends_the_lease(make_queue: Any, env: Environment) ->
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     (d,) = await rq.dequeue(1, now_ms=T0)
 
-    assert await rq.heartbeat([d], now_ms=T0 + 800) == [True]
+    assert await rq.heartbeat([d], now_ms=T0 + 800) == [HeartbeatStatus.EXTENDED]
 
     assert await lease_deadline(rq, d) == T0 + 1_800
     assert await rq.reclaim_lapsed_leases(now_ms=T0 + 1_500) == 0
-    assert await rq.run_state(env, "r1") == "running"
-    assert await rq.heartbeat([d], lease_ms=10_000, now_ms=T0 + 1_700) == [True]
+    assert await run_state(rq, env, "r1") == "running"
+    assert await rq.heartbeat([d], lease_ms=10_000, now_ms=T0 + 1_700) == [HeartbeatStatus.EXTENDED]
     assert await rq.reclaim_lapsed_leases(now_ms=T0 + 11_699) == 0
     assert await rq.reclaim_lapsed_leases(now_ms=T0 + 11_700) == 1
 
@@ -68,7 +70,7 @@ async def test_lapsed_lease_is_reclaimed_and_redelivered(make_queue: Any, env: E
     assert await rq.reclaim_lapsed_leases(now_ms=T0 + 1_000) == 1
 
     # slots freed, back in its queue at its old score, attempt unchanged
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
     stats = await rq.queue_stats(env, "q")
     assert (stats.queued, stats.running, stats.oldest_score_ms) == (1, 0, T0)
     assert (await rq.env_stats(env)).running == 0
@@ -76,7 +78,7 @@ async def test_lapsed_lease_is_reclaimed_and_redelivered(make_queue: Any, env: E
 
     (second,) = await rq.dequeue(1, now_ms=T0 + 1_000)
     assert (second.run_id, second.attempt, second.payload) == ("r1", 0, {"v": 1})
-    assert second.delivery == first.delivery + 1
+    assert second.lease_token == first.lease_token + 1
     assert await rq.ack([second]) == [AckStatus.ACKED]
 
 
@@ -91,8 +93,8 @@ async def test_late_ack_from_the_old_holder_changes_nothing(
     before = await snapshot(rq, env)
 
     assert await rq.ack([old], now_ms=T0 + 1_001) == [AckStatus.LEASE_LOST]
-    assert await rq.heartbeat([old], now_ms=T0 + 1_001) == [False]
-    assert await rq.release([old], now_ms=T0 + 1_001) == [False]
+    assert await rq.heartbeat([old], now_ms=T0 + 1_001) == [HeartbeatStatus.LEASE_LOST]
+    assert await rq.release([old], now_ms=T0 + 1_001) == [ReleaseStatus.LEASE_LOST]
     assert await rq.nack(old, now_ms=T0 + 1_001) is NackOutcome.LEASE_LOST
 
     assert await snapshot(rq, env) == before
@@ -111,7 +113,7 @@ async def test_late_ack_before_redelivery_leaves_the_run_queued(
     assert await rq.ack([old]) == [AckStatus.LEASE_LOST]
 
     assert await snapshot(rq, env) == before
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
 
 
 async def test_reclaim_of_a_keyed_run_frees_its_variant(make_queue: Any, env: Environment) -> None:
@@ -127,7 +129,7 @@ async def test_reclaim_of_a_keyed_run_frees_its_variant(make_queue: Any, env: En
     assert (stats.queued, stats.running) == (2, 0)
     assert [(v.concurrency_key, v.queued, v.running) for v in stats.variants] == [("a", 2, 0)]
     (d,) = await rq.dequeue(10, now_ms=T0 + 1_000)
-    assert (d.run_id, d.delivery) == ("a1", 2)
+    assert (d.run_id, d.lease_token) == ("a1", 2)
 
 
 async def test_reclaim_is_bounded_by_its_batch(make_queue: Any, env: Environment) -> None:
@@ -151,7 +153,11 @@ async def test_heartbeat_reports_per_run(make_queue: Any) -> None:
     assert len(got) == 2
     await rq.ack([got[0]])
 
-    assert await rq.heartbeat(got, now_ms=T0 + 10) == [False, True]
+    # the acked run is gone (UNKNOWN); the other's lease is extended
+    assert await rq.heartbeat(got, now_ms=T0 + 10) == [
+        HeartbeatStatus.UNKNOWN,
+        HeartbeatStatus.EXTENDED,
+    ]
     assert await rq.heartbeat([], now_ms=T0) == []
 
 
@@ -160,7 +166,7 @@ async def test_heartbeat_cannot_revive_a_reclaimed_run(make_queue: Any, env: Env
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     (d,) = await rq.dequeue(1, now_ms=T0)
     await rq.reclaim_lapsed_leases(now_ms=T0 + 1_000)
-    assert await rq.heartbeat([d], now_ms=T0 + 1_001) == [False]
+    assert await rq.heartbeat([d], now_ms=T0 + 1_001) == [HeartbeatStatus.LEASE_LOST]
     shard = rq.keys.shard(rq.keys.shard_of(env))
     assert await rq.client.zcard(shard.leases) == 0
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from tests.state import run_state
 
 from fairq.config import RetryPolicy
 from fairq.keys import Environment
@@ -29,12 +30,12 @@ async def test_nack_frees_concurrency_and_requeues_with_attempt_one(
 
     assert await rq.nack(d, now_ms=T0 + 10) is NackOutcome.REQUEUED
 
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
     stats = await rq.queue_stats(env, "q")
     assert (stats.queued, stats.running) == (1, 0)
     assert (await rq.env_stats(env)).running == 0
     again = await lease_one(rq, T0 + 60_000)
-    assert (again.run_id, again.attempt, again.delivery) == ("r1", 1, 2)
+    assert (again.run_id, again.attempt, again.lease_token) == ("r1", 1, 2)
     assert again.payload == {"p": 1}
     assert again.enqueued_at_ms == T0
 
@@ -54,7 +55,8 @@ async def test_nack_backs_off_exponentially_with_jitter(
         if d.attempt + 1 == attempt:
             assert now + low <= retry_at <= now + high
             assert await rq.dequeue(10, now_ms=retry_at - 1) == []
-            assert await rq.next_due_ms() == retry_at
+            # the wait hint points at the retry: due 1 ms after that clock
+            assert (await rq.dequeue_batch(10, now_ms=retry_at - 1)).wait_ms == 1
         now = retry_at
 
 
@@ -82,7 +84,7 @@ async def test_last_attempt_goes_to_the_dead_letter_queue(
 
     assert await rq.nack(d, now_ms=T0 + 2) is NackOutcome.DEAD_LETTERED
 
-    assert await rq.run_state(env, "r1") == "dlq"
+    assert await run_state(rq, env, "r1") == "dlq"
     assert (await rq.env_stats(env)).dead_lettered == 1
     assert (await rq.env_stats(env)).running == 0
     stats = await rq.queue_stats(env, "q")
@@ -135,7 +137,7 @@ async def test_nack_without_incrementing_keeps_the_attempt(
     assert outcome is NackOutcome.REQUEUED
     assert (await rq.queue_stats(env, "q")).oldest_score_ms == T0 + 5
     again = await lease_one(rq, T0 + 5)
-    assert (again.attempt, again.delivery) == (0, 2)
+    assert (again.attempt, again.lease_token) == (0, 2)
 
 
 async def test_nacked_run_queues_behind_older_runs(make_queue: Any, env: Environment) -> None:
@@ -169,18 +171,19 @@ async def test_nack_with_a_stale_delivery_reports_lease_lost(
 
     assert await rq.nack(d, now_ms=T0) is NackOutcome.LEASE_LOST
 
-    assert await rq.run_state(env, "r1") == "running"
+    assert await run_state(rq, env, "r1") == "running"
     assert (await rq.env_stats(env)).running == 1
     assert await rq.nack(fresh, retry_at_ms=T0, now_ms=T0) is NackOutcome.REQUEUED
 
 
-async def test_nack_after_ack_reports_lease_lost(make_queue: Any, env: Environment) -> None:
+async def test_nack_after_ack_reports_an_unknown_run(make_queue: Any, env: Environment) -> None:
+    """The full outcome: the run is gone (UNKNOWN), not merely someone else's (LEASE_LOST)."""
     rq: RunQueue = await make_queue()
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     d = await lease_one(rq, T0)
     await rq.ack([d])
-    assert await rq.nack(d, now_ms=T0) is NackOutcome.LEASE_LOST
-    assert await rq.run_state(env, "r1") is None
+    assert await rq.nack(d, now_ms=T0) is NackOutcome.UNKNOWN
+    assert await run_state(rq, env, "r1") is None
 
 
 async def test_nack_of_a_keyed_run_returns_it_to_its_variant(

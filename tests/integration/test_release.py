@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tests.state import run_state
+
 from fairq.keys import Environment
-from fairq.models import AckStatus, NackOutcome
+from fairq.models import AckStatus, NackOutcome, ReleaseStatus
 from fairq.store import RunQueue
 
 T0 = 1_700_000_000_000
@@ -17,14 +19,14 @@ async def test_release_frees_queue_and_env_concurrency(make_queue: Any, env: Env
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     (d,) = await rq.dequeue(1, now_ms=T0)
 
-    assert await rq.release([d], now_ms=T0) == [True]
+    assert await rq.release([d], now_ms=T0) == [ReleaseStatus.RELEASED]
 
     assert (await rq.queue_stats(env, "q")).running == 0
     assert (await rq.env_stats(env)).running == 0
     # still leased: the holder may finish it
-    assert await rq.run_state(env, "r1") == "running"
+    assert await run_state(rq, env, "r1") == "running"
     assert await rq.ack([d]) == [AckStatus.ACKED]
-    assert await rq.run_state(env, "r1") is None
+    assert await run_state(rq, env, "r1") is None
 
 
 async def test_released_slot_lets_another_run_start(make_queue: Any, env: Environment) -> None:
@@ -50,9 +52,9 @@ async def test_release_twice_reports_no_slot(make_queue: Any, env: Environment) 
     rq: RunQueue = await make_queue()
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     (d,) = await rq.dequeue(1, now_ms=T0)
-    assert await rq.release([d]) == [True]
-    assert await rq.release([d]) == [False]
-    assert await rq.run_state(env, "r1") == "running"
+    assert await rq.release([d]) == [ReleaseStatus.RELEASED]
+    assert await rq.release([d]) == [ReleaseStatus.NOT_HELD]
+    assert await run_state(rq, env, "r1") == "running"
 
 
 async def test_releasing_a_never_dequeued_run_leaves_others_intact(
@@ -62,13 +64,13 @@ async def test_releasing_a_never_dequeued_run_leaves_others_intact(
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     await rq.enqueue(env, "q", "r2", now_ms=T0 + 1)
     (d1,) = await rq.dequeue(1, now_ms=T0 + 1)
-    never_delivered = dataclasses.replace(d1, run_id="r2", delivery=0)
+    never_delivered = dataclasses.replace(d1, run_id="r2", lease_token=0)
 
-    assert await rq.release([never_delivered]) == [False]
+    assert await rq.release([never_delivered]) == [ReleaseStatus.LEASE_LOST]
 
     assert (await rq.queue_stats(env, "q")).running == 1
     assert (await rq.env_stats(env)).running == 1
-    assert await rq.run_state(env, "r2") == "queued"
+    assert await run_state(rq, env, "r2") == "queued"
 
 
 async def test_release_with_a_stale_delivery_is_refused(make_queue: Any, env: Environment) -> None:
@@ -78,10 +80,10 @@ async def test_release_with_a_stale_delivery_is_refused(make_queue: Any, env: En
     await rq.nack(old, retry_at_ms=T0, now_ms=T0)
     (new,) = await rq.dequeue(1, now_ms=T0)
 
-    assert await rq.release([old]) == [False]
+    assert await rq.release([old]) == [ReleaseStatus.LEASE_LOST]
 
     assert (await rq.env_stats(env)).running == 1
-    assert await rq.release([new]) == [True]
+    assert await rq.release([new]) == [ReleaseStatus.RELEASED]
 
 
 async def test_release_of_a_keyed_run(make_queue: Any, env: Environment) -> None:
@@ -95,7 +97,7 @@ async def test_release_of_a_keyed_run(make_queue: Any, env: Environment) -> None
 
     stats = await rq.queue_stats(env, "q", breakdown=True)
     assert (stats.queued, stats.running) == (1, 0)
-    assert await rq.client.smembers(rq.keys.queue(env, "q").ck_busy) == set()
+    assert await rq.client.smembers(rq.keys.queue(env, "q").variant_inflight("a")) == set()
     assert [x.run_id for x in await rq.dequeue(10, now_ms=T0 + 1)] == ["a1"]
 
 
@@ -129,5 +131,5 @@ async def test_released_run_whose_lease_lapses_frees_nothing_twice(
 
     assert (await rq.env_stats(env)).running == 1  # r2 still holds its slot
     assert (await rq.queue_stats(env, "q")).running == 1
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
     assert keep.run_id == "r2"

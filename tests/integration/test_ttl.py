@@ -1,19 +1,31 @@
-"""TTL: a run not dequeued within its TTL is never delivered and is reported on the
-shard's expiry stream (``read_expired``); a delivered run loses its TTL."""
+"""TTL: a run not dequeued within its TTL is never delivered; it ends with the outcome
+``expired`` (``get_run``, the queue's recent runs), written by the script that expires it
+(a dequeue that meets it, or the maintenance timer); a delivered run loses its TTL."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tests.state import heads, run_state
+
 from fairq.keys import Environment
 from fairq.models import NackOutcome
+from fairq.outcomes import RunStatus
 from fairq.store import RunQueue
 
 T0 = 1_700_000_000_000
 
 
+async def expired(rq: RunQueue, env: Environment, queue: str = "q") -> list[tuple[str, str | None]]:
+    """(run id, concurrency key) of the queue's expired runs, oldest first."""
+    recent = await rq.recent_runs(env, queue)
+    return [
+        (r.run_id, r.concurrency_key) for r in reversed(recent) if r.status is RunStatus.EXPIRED
+    ]
+
+
 async def assert_gone(rq: RunQueue, env: Environment, run_id: str, queue: str = "q") -> None:
-    assert await rq.run_state(env, run_id) is None
+    assert await run_state(rq, env, run_id) is None
     stats = await rq.queue_stats(env, queue)
     assert (stats.queued, stats.running) == (0, 0)
     shard = rq.keys.shard(rq.keys.shard_of(env))
@@ -27,10 +39,11 @@ async def test_dequeue_never_delivers_an_expired_run(make_queue: Any, env: Envir
     assert await rq.dequeue(10, now_ms=T0 + 1_000) == []
 
     await assert_gone(rq, env, "r1")
-    assert await rq.next_due_ms() is None
-    runs, _ = await rq.read_expired()
-    assert [(r.env, r.queue, r.run_id, r.concurrency_key) for r in runs] == [(env, "q", "r1", None)]
-    assert runs[0].expired_at_ms == T0 + 1_000
+    assert await heads(rq, env) == {}
+    assert await expired(rq, env) == [("r1", None)]
+    info = await rq.get_run(env, "r1")
+    assert info is not None
+    assert (info.status, info.queue, info.finished_at_ms) == (RunStatus.EXPIRED, "q", T0 + 1_000)
 
 
 async def test_expire_ttl_reports_runs_nobody_dequeued(make_queue: Any, env: Environment) -> None:
@@ -41,27 +54,28 @@ async def test_expire_ttl_reports_runs_nobody_dequeued(make_queue: Any, env: Env
     assert await rq.expire_ttl(now_ms=T0 + 999) == 0
     assert await rq.expire_ttl(now_ms=T0 + 1_000) == 1
 
-    assert await rq.run_state(env, "r1") is None
-    assert await rq.run_state(env, "r2") == "queued"
-    runs, _ = await rq.read_expired()
-    assert [r.run_id for r in runs] == ["r1"]
+    assert await run_state(rq, env, "r1") is None
+    assert await run_state(rq, env, "r2") == "queued"
+    assert await expired(rq, env) == [("r1", None)]
     assert [d.run_id for d in await rq.dequeue(10, now_ms=T0 + 1_000)] == ["r2"]
 
 
-async def test_read_expired_resumes_after_its_positions(make_queue: Any, env: Environment) -> None:
+async def test_each_expiry_is_recorded_once_as_it_happens(
+    make_queue: Any, env: Environment
+) -> None:
+    """(Was: the expiry stream resumes after its positions.) Each expiry adds one recent
+    entry and one outcome, at the moment it happens, and nothing for later calls."""
     rq: RunQueue = await make_queue()
     await rq.enqueue(env, "q", "r1", ttl_ms=10, now_ms=T0)
     await rq.expire_ttl(now_ms=T0 + 10)
-    first, positions = await rq.read_expired()
-    assert [r.run_id for r in first] == ["r1"]
+    assert await expired(rq, env) == [("r1", None)]
 
-    again, positions = await rq.read_expired(after=positions)
-    assert again == []
+    await rq.expire_ttl(now_ms=T0 + 20)
+    assert await expired(rq, env) == [("r1", None)]
 
     await rq.enqueue(env, "q", "r2", ttl_ms=10, now_ms=T0)
     await rq.expire_ttl(now_ms=T0 + 10)
-    later, _ = await rq.read_expired(after=positions)
-    assert [r.run_id for r in later] == ["r2"]
+    assert await expired(rq, env) == [("r1", None), ("r2", None)]
 
 
 async def test_expired_head_does_not_block_the_runs_behind_it(
@@ -74,8 +88,7 @@ async def test_expired_head_does_not_block_the_runs_behind_it(
     got = await rq.dequeue(1, now_ms=T0 + 600)
 
     assert [d.run_id for d in got] == ["young"]
-    runs, _ = await rq.read_expired()
-    assert [r.run_id for r in runs] == ["old"]
+    assert await expired(rq, env) == [("old", None)]
 
 
 async def test_delivered_run_loses_its_ttl(make_queue: Any, env: Environment) -> None:
@@ -84,14 +97,14 @@ async def test_delivered_run_loses_its_ttl(make_queue: Any, env: Environment) ->
     (d,) = await rq.dequeue(1, now_ms=T0 + 500)
 
     assert await rq.expire_ttl(now_ms=T0 + 5_000) == 0
-    assert await rq.run_state(env, "r1") == "running"
+    assert await run_state(rq, env, "r1") == "running"
 
     # requeued by a nack, it stays deliverable long after the old deadline
     await rq.nack(d, retry_at_ms=T0 + 6_000, now_ms=T0 + 5_000)
     assert await rq.expire_ttl(now_ms=T0 + 60_000) == 0
     (again,) = await rq.dequeue(1, now_ms=T0 + 60_000)
     assert again.run_id == "r1"
-    assert (await rq.read_expired())[0] == []
+    assert await expired(rq, env) == []
 
 
 async def test_nack_after_the_ttl_deadline_requeues_fine(make_queue: Any, env: Environment) -> None:
@@ -125,11 +138,10 @@ async def test_keyed_run_expiry_cleans_its_variant(make_queue: Any, env: Environ
 
     q = rq.keys.queue(env, "q")
     assert await rq.client.zcard(q.ck_index) == 0
-    assert await rq.next_due_ms() is None
+    assert await heads(rq, env) == {}
     stats = await rq.queue_stats(env, "q", breakdown=True)
     assert (stats.queued, stats.variants) == (0, [])
-    runs, _ = await rq.read_expired()
-    assert sorted((r.run_id, r.concurrency_key) for r in runs) == [("r1", "a:b"), ("r2", "c")]
+    assert sorted(await expired(rq, env)) == [("r1", "a:b"), ("r2", "c")]
 
 
 async def test_keyed_run_expires_through_dequeue_too(make_queue: Any, env: Environment) -> None:
@@ -140,8 +152,7 @@ async def test_keyed_run_expires_through_dequeue_too(make_queue: Any, env: Envir
     got = await rq.dequeue(10, now_ms=T0 + 200)
 
     assert [d.run_id for d in got] == ["r2"]
-    runs, _ = await rq.read_expired()
-    assert [r.run_id for r in runs] == ["r1"]
+    assert await expired(rq, env) == [("r1", "k")]
     stats = await rq.queue_stats(env, "q")
     assert (stats.queued, stats.running) == (0, 1)
 
@@ -153,7 +164,7 @@ async def test_delayed_run_whose_ttl_passes_first_expires(
     await rq.enqueue(env, "q", "r1", delay_ms=5_000, ttl_ms=1_000, now_ms=T0)
     assert await rq.dequeue(10, now_ms=T0 + 5_000) == []
     await assert_gone(rq, env, "r1")
-    assert [r.run_id for r in (await rq.read_expired())[0]] == ["r1"]
+    assert await expired(rq, env) == [("r1", None)]
 
 
 async def test_expiry_is_reported_once(make_queue: Any, env: Environment) -> None:
@@ -161,7 +172,7 @@ async def test_expiry_is_reported_once(make_queue: Any, env: Environment) -> Non
     await rq.enqueue(env, "q", "r1", ttl_ms=100, now_ms=T0)
     assert await rq.dequeue(10, now_ms=T0 + 100) == []
     assert await rq.expire_ttl(now_ms=T0 + 200) == 0
-    assert len((await rq.read_expired())[0]) == 1
+    assert len(await expired(rq, env)) == 1
 
 
 async def test_expired_run_id_can_be_enqueued_again(make_queue: Any, env: Environment) -> None:
@@ -170,4 +181,4 @@ async def test_expired_run_id_can_be_enqueued_again(make_queue: Any, env: Enviro
     await rq.expire_ttl(now_ms=T0 + 100)
     await rq.enqueue(env, "q", "r1", now_ms=T0 + 200)
     (d,) = await rq.dequeue(1, now_ms=T0 + 200)
-    assert (d.run_id, d.delivery) == ("r1", 1)
+    assert (d.run_id, d.lease_token) == ("r1", 1)

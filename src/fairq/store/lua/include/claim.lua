@@ -43,8 +43,14 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
         expire_run(X, Q, ck, run, member, tonumber(f[2]))
       else
         local token = tonumber(f[6] or '0') + 1
-        redis.call('HSET', mkey, 'st', 'running', 'l', deadline, 'ls', X.now, 'd', token, 'ta', ta)
-        if tonumber(f[5] or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
+        if tonumber(f[5] or '0') > 0 then
+          -- a delivered run loses its TTL (a retry must not expire it)
+          redis.call('HSET', mkey, 'st', 'running', 'l', deadline, 'ls', X.now, 'd', token,
+            'ta', ta, 'x', 0)
+          X.ttl_del[#X.ttl_del + 1] = member
+        else
+          redis.call('HSET', mkey, 'st', 'running', 'l', deadline, 'ls', X.now, 'd', token, 'ta', ta)
+        end
         X.lease_add[#X.lease_add + 1] = deadline
         X.lease_add[#X.lease_add + 1] = member
         taken[#taken + 1] = run
