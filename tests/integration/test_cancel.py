@@ -1,15 +1,18 @@
-"""Cancelling a run that has not started: a queued one never gets delivered, a dead
-letter leaves the DLQ, a running one is left alone; counts and indexes follow."""
+"""Cancelling a run: a queued one never gets delivered, a dead letter leaves the DLQ
+(both end ``cancelled``), a running one is marked for its worker to stop; counts and
+indexes follow."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from tests.state import ready_tenants, run_state
 
 from fairq.errors import InvalidNameError
 from fairq.keys import Environment
-from fairq.models import CancelOutcome
+from fairq.models import AckStatus, CancelOutcome, HeartbeatStatus
+from fairq.outcomes import RunStatus
 
 
 async def _keys(rq: Any) -> dict[str, Any]:
@@ -45,7 +48,7 @@ async def test_a_cancelled_queued_run_is_never_delivered(
     assert [(v.concurrency_key, v.queued) for v in stats.variants] == [("a", 1)]
     served = await rq.dequeue(10, now_ms=3_000)
     assert [d.run_id for d in served] == ["keep"]
-    assert await rq.run_state(env, "drop") is None
+    assert await run_state(rq, env, "drop") is None
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["age-order", "fair-order"])
@@ -59,23 +62,30 @@ async def test_cancelling_the_last_run_of_a_variant_drains_it(
     assert await rq.cancel(env, "only", now_ms=2_000) is CancelOutcome.CANCELLED
 
     assert await rq.client.zcard(q.ck_index) == 0
-    assert await rq.client.zcard(rq.keys.shard(rq.keys.shard_of(env)).master) == 0
-    assert await rq.client.zscore(q.vtime, "solo") is None
+    assert await rq.client.zcard(rq.keys.shard(rq.keys.shard_of(env)).heads) == 0
+    # the variant left the order's candidates (its tenant's tag stays, as parked credit)
+    assert "solo" not in await ready_tenants(rq, env, "q")
     assert int(await rq.client.get(q.ck_queued_counter) or 0) == 0
 
 
-async def test_a_running_run_is_not_cancelled_and_nothing_changes(
+async def test_cancelling_a_running_run_asks_its_worker_and_changes_nothing_else(
     make_queue: Any, env: Environment
 ) -> None:
+    """A running run is not removed: it is marked, its worker hears it (heartbeat), stops
+    it and finishes it as cancelled. No other key changes."""
     rq = await make_queue()
     await rq.enqueue(env, "q", "r1", {}, concurrency_key="a", now_ms=1_000)
     (delivery,) = await rq.dequeue(1, now_ms=2_000)
     before = await _keys(rq)
 
-    assert await rq.cancel(env, "r1", now_ms=3_000) is CancelOutcome.RUNNING
+    assert await rq.cancel(env, "r1", now_ms=3_000) is CancelOutcome.CANCEL_REQUESTED
 
-    assert await _keys(rq) == before
-    assert await rq.ack([delivery], now_ms=4_000)
+    after = await _keys(rq)
+    message = rq.keys.env(env).message("r1").encode()
+    assert {k for k in after if after[k] != before.get(k)} == {message}
+    assert await run_state(rq, env, "r1") == "running"
+    assert await rq.heartbeat([delivery], now_ms=3_500) == [HeartbeatStatus.CANCEL_REQUESTED]
+    assert await rq.ack([delivery], now_ms=4_000) == [AckStatus.ACKED]
 
 
 async def test_cancelling_a_dead_letter_removes_it(make_queue: Any, env: Environment) -> None:
@@ -99,8 +109,9 @@ async def test_a_cancelled_run_with_a_ttl_is_not_reported_as_expired(
     assert await rq.cancel(env, "r1", now_ms=1_500) is CancelOutcome.CANCELLED
 
     assert await rq.expire_ttl(now_ms=10_000) == 0
-    expired, _ = await rq.read_expired()
-    assert expired == []
+    info = await rq.get_run(env, "r1")
+    assert info is not None and info.status is RunStatus.CANCELLED
+    assert [r.status for r in await rq.recent_runs(env, "q")] == [RunStatus.CANCELLED]
 
 
 async def test_unknown_and_invalid_runs(make_queue: Any, env: Environment) -> None:

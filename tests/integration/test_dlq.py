@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tests.state import run_state
 
 from fairq.config import RetryPolicy
 from fairq.errors import RunNotFoundError
@@ -50,10 +51,10 @@ async def test_redrive_makes_a_run_dequeuable_again_with_attempt_zero(
 
     assert await rq.dead_letters(env) == []
     assert (await rq.env_stats(env)).dead_lettered == 0
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
     assert (await rq.queue_stats(env, "q")).oldest_score_ms == T0 + 100
     (d,) = await rq.dequeue(10, now_ms=T0 + 100)
-    assert (d.run_id, d.attempt, d.delivery, d.payload) == ("r1", 0, 2, {"run": "r1"})
+    assert (d.run_id, d.attempt, d.lease_token, d.payload) == ("r1", 0, 2, {"run": "r1"})
     assert (await rq.env_stats(env)).running == 1
 
 
@@ -108,8 +109,8 @@ async def test_redrive_of_a_live_run_raises_and_changes_nothing(
         with pytest.raises(RunNotFoundError):
             await rq.redrive(env, run_id, now_ms=T0)
 
-    assert await rq.run_state(env, "queued") == "queued"
-    assert await rq.run_state(env, "running") == "running"
+    assert await run_state(rq, env, "queued") == "queued"
+    assert await run_state(rq, env, "running") == "running"
     assert (await rq.queue_stats(env, "q")).queued == 1
 
 

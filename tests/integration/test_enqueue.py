@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tests.state import run_state
 
 from fairq import keys as K
 from fairq.errors import QueueSizeLimitExceededError
@@ -17,7 +18,7 @@ T0 = 1_700_000_000_000
 
 async def master_members(rq: RunQueue, env: Environment) -> dict[str, float]:
     shard = rq.keys.shard(rq.keys.shard_of(env))
-    return {m.decode(): s for m, s in await rq.client.zrange(shard.master, 0, -1, withscores=True)}
+    return {m.decode(): s for m, s in await rq.client.zrange(shard.heads, 0, -1, withscores=True)}
 
 
 async def test_enqueue_makes_a_run_queued(make_queue: Any, env: Environment) -> None:
@@ -25,13 +26,13 @@ async def test_enqueue_makes_a_run_queued(make_queue: Any, env: Environment) -> 
     status = await rq.enqueue(env, "task/a", "r1", {"x": 1}, now_ms=T0)
 
     assert status is EnqueueStatus.ENQUEUED
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
     stats = await rq.queue_stats(env, "task/a")
     assert (stats.queued, stats.running, stats.oldest_score_ms) == (1, 0, T0)
-    assert await master_members(rq, env) == {K.master_member("q", env, "task/a"): T0}
+    assert await master_members(rq, env) == {K.heads_member("q", env, "task/a"): T0}
     assert await rq.environments() == [env]
     assert await rq.queues(env) == ["task/a"]
-    assert await rq.next_due_ms() == T0
+    assert min((await master_members(rq, env)).values()) == T0
 
 
 async def test_enqueued_run_is_delivered_with_its_payload(
@@ -45,7 +46,7 @@ async def test_enqueued_run_is_delivered_with_its_payload(
 
     assert (d.env, d.queue, d.run_id, d.concurrency_key) == (env, "q", "r1", None)
     assert d.payload == payload
-    assert (d.attempt, d.delivery, d.score_ms, d.enqueued_at_ms) == (0, 1, T0, T0)
+    assert (d.attempt, d.lease_token, d.score_ms, d.enqueued_at_ms) == (0, 1, T0, T0)
 
 
 @pytest.mark.parametrize("payload", [None, 0, "text", [1, "a"], {"k": None}])
@@ -81,7 +82,7 @@ async def test_enqueue_of_a_running_run_id_changes_nothing(
 
     assert await rq.enqueue(env, "q", "r1", "again", now_ms=T0 + 1) is EnqueueStatus.DUPLICATE
 
-    assert await rq.run_state(env, "r1") == "running"
+    assert await run_state(rq, env, "r1") == "running"
     stats = await rq.queue_stats(env, "q")
     assert (stats.queued, stats.running) == (0, 1)
     assert (await rq.env_stats(env)).running == 1
@@ -98,7 +99,7 @@ async def test_enqueue_of_a_dead_lettered_run_id_changes_nothing(
     await rq.nack(d, max_attempts=1, now_ms=T0)
 
     assert await rq.enqueue(env, "q", "r1", now_ms=T0 + 1) is EnqueueStatus.DUPLICATE
-    assert await rq.run_state(env, "r1") == "dlq"
+    assert await run_state(rq, env, "r1") == "dlq"
     assert (await rq.queue_stats(env, "q")).queued == 0
 
 
@@ -116,7 +117,8 @@ async def test_delay_hides_a_run_until_it_is_due(make_queue: Any, env: Environme
     await rq.enqueue(env, "q", "at", available_at_ms=T0 + 2_000, now_ms=T0)
 
     assert await rq.dequeue(10, now_ms=T0 + 1_999) == []
-    assert await rq.next_due_ms() == T0 + 2_000
+    assert min((await master_members(rq, env)).values()) == T0 + 2_000
+    assert (await rq.dequeue_batch(10, now_ms=T0 + 1_999)).wait_ms == 1
     assert [d.run_id for d in await rq.dequeue(10, now_ms=T0 + 2_000)] == ["at"]
     assert await rq.dequeue(10, now_ms=T0 + 4_999) == []
     (d,) = await rq.dequeue(10, now_ms=T0 + 5_000)
@@ -190,7 +192,7 @@ async def test_queue_size_limit_rejects_without_writing(make_queue: Any, env: En
         await rq.enqueue(env, "q", "r3", now_ms=T0)
 
     assert (info.value.queue, info.value.maximum_size) == ("q", 2)
-    assert await rq.run_state(env, "r3") is None
+    assert await run_state(rq, env, "r3") is None
     assert (await rq.queue_stats(env, "q")).queued == 2
     results = await rq.enqueue_many([EnqueueRequest(env, "q", "r4")], now_ms=T0)
     assert results[0].status is EnqueueStatus.REJECTED

@@ -26,6 +26,7 @@ Reply
 --@include gates
 
 HOOK.flow_queued = function() end
+HOOK.flow_drained = function() end
 HOOK.slot_freed = function() end
 
 local tag = KEYS[1]

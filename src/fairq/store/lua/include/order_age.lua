@@ -4,6 +4,7 @@
 --@require state config runs serve_age
 
 HOOK.flow_queued = function(X, Q, flow, score, tenant, is_new) end
+HOOK.flow_drained = function(X, Q, flow, tenant) end
 HOOK.slot_freed = function(X, Q, flow, ta) end
 HOOK.charge = function(X, Q, flow, ta, duration_ms) end
 HOOK.finish = function(X) end

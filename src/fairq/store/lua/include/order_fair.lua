@@ -260,6 +260,21 @@ HOOK.flow_queued = function(X, Q, flow, score, tenant, is_new)
   end
 end
 
+-- A flow drained outside a dequeue (cancel, expiry): it leaves the candidates now
+-- (its tenant's tag stays in V:tt: parked credit).
+HOOK.flow_drained = function(X, Q, flow, tenant)
+  local default = default_tenant(Q.name, flow)
+  if tenant == '' or tenant == default then
+    redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), default)
+    if has_park(X, Q) then redis.call('HDEL', queue_key(Q.B, 'parked'), 't:' .. default) end
+    return
+  end
+  local kk = tenant_key(Q.B, tenant, 'keys')
+  redis.call('ZREM', kk, flow)
+  if has_park(X, Q) then redis.call('HDEL', queue_key(Q.B, 'parked'), 'k:' .. flow) end
+  if redis.call('EXISTS', kk) == 0 then redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant) end
+end
+
 -- A slot of `flow` (counted under named tenant `ta`, '' = none) was freed: what its
 -- cap held back may compete again.
 HOOK.slot_freed = function(X, Q, flow, ta)

@@ -96,7 +96,13 @@ end
 local function unqueue(X, Q, ck, run)
   if ck == '' then
     touch(X, Q, KIND_QUEUE)
-    return redis.call('ZREM', queue_key(Q.B, 'queued'), run)
+    local removed = redis.call('ZREM', queue_key(Q.B, 'queued'), run)
+    if removed == 1 and redis.call('EXISTS', queue_key(Q.B, 'queued')) == 0 then
+      local named = redis.call('HGET', queue_key(Q.B, 'flow_tenants'), KEYLESS_FLOW)
+      if named then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), KEYLESS_FLOW) end
+      HOOK.flow_drained(X, Q, KEYLESS_FLOW, named or '')
+    end
+    return removed
   end
   local removed = redis.call('ZREM', variant_key(Q.B, ck, 'queued'), run)
   if removed == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -1) end
@@ -110,7 +116,9 @@ local function variant_refresh(X, Q, ck)
   local head = redis.call('ZRANGE', variant_key(Q.B, ck, 'queued'), 0, 0, 'WITHSCORES')
   if #head == 0 then
     redis.call('ZREM', queue_key(Q.B, 'ck_index'), ck)
-    redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), ck)
+    local named = redis.call('HGET', queue_key(Q.B, 'flow_tenants'), ck)
+    if named then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), ck) end
+    HOOK.flow_drained(X, Q, ck, named or '')
     return nil
   end
   redis.call('ZADD', queue_key(Q.B, 'ck_index'), head[2], ck)
