@@ -161,6 +161,15 @@ QUEUE_KEYS: Final = {
 VARIANT_KEYS: Final = {"queued": "queued", "inflight": "inflight"}
 #: Per-(queue, tenant) keys: attribute -> suffix (``B:t:N:<suffix>``).
 TENANT_KEYS: Final = {"keys": "keys"}
+#: Keys only the fair order uses: the age-order build of a script is generated without
+#: them (so it can neither read nor write one), and their names never appear in it.
+FAIR_ORDER_KEYS: Final = frozenset(
+    {
+        "env_tags", "env_floor", "env_weights", "tenant_tags", "tenant_floor",
+        "tenant_weights", "ready_tenants", "key_floors", "parked", "parked_due",
+        "key_weights",
+    }
+)  # fmt: skip
 #: Name parts between the tag and the identifiers.
 ENV_PART: Final = "e"
 QUEUE_PART: Final = "q"
@@ -464,21 +473,34 @@ def config_field(queue: str | None, name: str) -> str:
     return name if queue is None else f"{QUEUE_PART}:{queue}:{name}"
 
 
-def _lua_table(name: str, table: dict[str, str]) -> str:
-    body = ", ".join(f"{attr} = '{suffix}'" for attr, suffix in table.items())
+def _lua_table(name: str, table: dict[str, str], fair: bool) -> str:
+    body = ", ".join(
+        f"{attr} = '{suffix}'"
+        for attr, suffix in table.items()
+        if fair or attr not in FAIR_ORDER_KEYS
+    )
     return f"local {name} = {{ {body} }}"
 
 
-def lua_schema() -> str:
-    """The Lua key builders, generated from the tables above (see fairq.store.scripts)."""
+def lua_schema(*, fair: bool = True) -> str:
+    """The Lua key builders, generated from the tables above (see fairq.store.scripts).
+
+    Args:
+        fair: include the fair order's keys (False for the age-order builds).
+    """
+    tenant_builder = [
+        "local function tenant_key(B, tenant, name)",
+        f"  return B .. ':{TENANT_PART}:' .. tenant .. ':' .. TENANT_KEYS[name]",
+        "end",
+    ]
     return "\n".join(
         [
             "-- generated from fairq/keys.py: the key schema",
-            _lua_table("SHARD_KEYS", SHARD_KEYS),
-            _lua_table("ENV_KEYS", ENV_KEYS),
-            _lua_table("QUEUE_KEYS", QUEUE_KEYS),
-            _lua_table("VARIANT_KEYS", VARIANT_KEYS),
-            _lua_table("TENANT_KEYS", TENANT_KEYS),
+            _lua_table("SHARD_KEYS", SHARD_KEYS, fair),
+            _lua_table("ENV_KEYS", ENV_KEYS, fair),
+            _lua_table("QUEUE_KEYS", QUEUE_KEYS, fair),
+            _lua_table("VARIANT_KEYS", VARIANT_KEYS, fair),
+            *([_lua_table("TENANT_KEYS", TENANT_KEYS, fair)] if fair else []),
             f"local KEYLESS_FLOW = '{KEYLESS_FLOW}'",
             f"local KIND_QUEUE, KIND_CK = '{KIND_QUEUE}', '{KIND_CK}'",
             "local function shard_key(tag, name) return tag .. ':' .. SHARD_KEYS[name] end",
@@ -491,9 +513,7 @@ def lua_schema() -> str:
             "local function variant_key(B, ck, name)",
             f"  return B .. ':{VARIANT_PART}:' .. ck .. ':' .. VARIANT_KEYS[name]",
             "end",
-            "local function tenant_key(B, tenant, name)",
-            f"  return B .. ':{TENANT_PART}:' .. tenant .. ':' .. TENANT_KEYS[name]",
-            "end",
+            *(tenant_builder if fair else []),
             f"local function history_key(B, bucket) return B .. ':{HISTORY_PART}:' .. bucket end",
             "local function run_key(tag, member)",
             f"  return tag .. ':{RUN_PART}:' .. member",

@@ -1,14 +1,15 @@
-"""Flag off runs exactly the scripts that ran before the fair order existed.
+"""Flag off runs the age-order builds, which never touch the fair order.
 
-* Every operation of a flag-off RunQueue resolves to a script without the ``_vtime``
-  suffix (observed on a real workload, not just by name), and a flag-on RunQueue uses
-  the twins exactly for the operations that change a variant's membership.
-* The flag-off scripts' code (comments stripped) never mentions virtual time, and their
-  full text never names a virtual-time key.
-* Their SHA1s are pinned in ``flag_off_script_shas.json``. A deliberate change to a
-  flag-off script (or to an include it uses) must regenerate that file:
+* Every operation of a RunQueue whose queues all use the age order runs the age-order
+  build of each order-dependent script (observed on a real workload, not by name), and
+  creates no fair-order key at all; with the fair order on, those operations run the
+  fair build.
+* The age-order builds' code never mentions virtual time or a fair-order key: their
+  generated key schema does not even name them.
+* Their SHA1s are pinned in ``flag_off_script_shas.json``. A deliberate change to an
+  age-order script (or to an include it uses) must regenerate that file:
   ``FAIRQ_REGENERATE_SCRIPT_SHAS=1 pytest tests/integration/test_flag_off_scripts.py``
-  and the diff then shows exactly which flag-off scripts changed.
+  and the diff then shows exactly which scripts changed.
 """
 
 from __future__ import annotations
@@ -19,18 +20,31 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tests.state import fair_keys
+
+from fairq import keys as K
 from fairq.keys import Environment
-from fairq.scripts import VTIME_SCRIPTS, Script, registry
 from fairq.store import RunQueue
+from fairq.store.scripts import Order, Script, ScriptRegistry, registry
 
 GOLDEN = Path(__file__).with_name("flag_off_script_shas.json")
 REGENERATE = "FAIRQ_REGENERATE_SCRIPT_SHAS"
 QUEUE = "jobs"
 T0 = 1_000_000
 
+#: Fair-order key suffixes that must never appear in an age-order build.
+FAIR_SUFFIXES = {
+    suffix
+    for table in (K.SHARD_KEYS, K.ENV_KEYS, K.QUEUE_KEYS)
+    for attr, suffix in table.items()
+    if attr in K.FAIR_ORDER_KEYS
+}
+
 
 def flag_off_scripts() -> dict[str, Script]:
-    return {s.name: s for s in registry().all() if s.name not in VTIME_SCRIPTS}
+    """Every build a process with the fair order off runs: age builds and order-less
+    scripts (except the admin script that sets weights)."""
+    return {s.name: s for s in registry().all() if s.order != "fair" and s.operation != "configure"}
 
 
 def lua_code(source: str) -> str:
@@ -40,17 +54,22 @@ def lua_code(source: str) -> str:
 
 
 class _Recorder:
-    """Stands in for the registry on one RunQueue and records the scripts it hands out."""
+    """Stands in for the registry on one RunQueue and records the builds it hands out."""
 
     def __init__(self) -> None:
-        self.used: set[str] = set()
+        self.used: set[tuple[str, str | None]] = set()
+        self.real: ScriptRegistry = registry()
 
-    def __getitem__(self, name: str) -> Script:
-        self.used.add(name)
-        return registry()[name]
+    def get(self, operation: str, order: Order) -> Script:
+        script = self.real.get(operation, order)
+        self.used.add((operation, script.order))
+        return script
+
+    def has_order(self, operation: str) -> bool:
+        return self.real.has_order(operation)
 
     def all(self) -> list[Script]:
-        return registry().all()
+        return self.real.all()
 
 
 async def _every_operation(rq: RunQueue, env: Environment) -> None:
@@ -65,6 +84,7 @@ async def _every_operation(rq: RunQueue, env: Environment) -> None:
     await rq.nack(keyed[1], max_attempts=1, now_ms=now)  # dead-letters it
     await rq.ack(keyed[2:], now_ms=now)
     await rq.redrive(env, keyed[1].run_id, now_ms=now)
+    await rq.ack(await rq.dequeue_from_queue(env, QUEUE, keyed=True, now_ms=now), now_ms=now)
     await rq.enqueue(env, QUEUE, "cancelled", None, concurrency_key="ck9", now_ms=now)
     await rq.cancel(env, "cancelled", now_ms=now)
     await rq.expire_ttl(now_ms=now + 100)
@@ -75,7 +95,10 @@ async def _every_operation(rq: RunQueue, env: Environment) -> None:
     await rq.queue_stats(env, QUEUE, breakdown=True)
 
 
-async def test_flag_off_operations_only_resolve_to_pre_existing_scripts(
+ORDERED = {"enqueue", "dequeue", "ack", "nack", "redrive", "expire_ttl", "reclaim", "cancel"}
+
+
+async def test_flag_off_operations_only_run_age_order_builds(
     make_queue: Any, env: Environment
 ) -> None:
     rq: RunQueue = await make_queue()
@@ -83,35 +106,42 @@ async def test_flag_off_operations_only_resolve_to_pre_existing_scripts(
     rq._scripts = recorder  # type: ignore[assignment]
     await _every_operation(rq, env)
     assert recorder.used, "the workload ran scripts"
-    assert not recorder.used & VTIME_SCRIPTS
-    assert {
-        "enqueue",
-        "dequeue_ck",
-        "nack",
-        "redrive",
-        "expire_ttl",
-        "reclaim",
-        "cancel",
-    } <= recorder.used
+    assert not {order for _, order in recorder.used} & {"fair"}
+    assert {(op, "age") for op in ORDERED} <= recorder.used
+    assert await fair_keys(rq) == []
 
 
-async def test_flag_on_uses_the_twins_for_membership_changes(
-    make_queue: Any, env: Environment
-) -> None:
+async def test_flag_on_runs_the_fair_builds(make_queue: Any, env: Environment) -> None:
     rq: RunQueue = await make_queue(vtime={"enabled": True})
     recorder = _Recorder()
     rq._scripts = recorder  # type: ignore[assignment]
     await _every_operation(rq, env)
-    twins = {"enqueue", "dequeue_ck", "nack", "redrive", "expire_ttl", "reclaim", "cancel"}
-    assert {f"{t}_vtime" for t in twins} <= recorder.used
-    assert not recorder.used & twins
+    assert {(op, "fair") for op in ORDERED} <= recorder.used
+    assert not {(op, "age") for op in ORDERED} & recorder.used
 
 
-def test_flag_off_script_code_never_touches_virtual_time() -> None:
+async def test_an_age_build_meeting_a_fair_queue_refuses_and_the_fair_build_takes_over(
+    make_queue: Any, env: Environment
+) -> None:
+    """The order lives on the server: a process whose default is the age order still
+    serves a queue set to fair in the fair order (its age build refused, writing nothing)."""
+    rq: RunQueue = await make_queue()
+    await rq.set_queue_options(env, QUEUE, order="fair")
+    recorder = _Recorder()
+    rq._scripts = recorder  # type: ignore[assignment]
+    await rq.enqueue(env, QUEUE, "a1", None, concurrency_key="a", now_ms=T0)
+    assert ("enqueue", "age") in recorder.used and ("enqueue", "fair") in recorder.used
+    assert await fair_keys(rq) != []
+
+
+def test_age_order_build_code_never_touches_the_fair_order() -> None:
     for name, script in flag_off_scripts().items():
-        assert "vtime" not in lua_code(script.source).lower(), name
-        for suffix in (":vtime", ":vfloor", ":vidle", ":ckweights"):
-            assert suffix not in script.source, (name, suffix)
+        code = lua_code(script.source).lower()
+        assert "vtime" not in code and "virtual" not in code, name
+        for suffix in FAIR_SUFFIXES:
+            assert f"'{suffix}'" not in script.source, (name, suffix)
+        for builder in ("tenant_key(", "tenant_floor(", "park_pair("):
+            assert builder not in code, (name, builder)
 
 
 def test_flag_off_script_shas_match_the_golden_file() -> None:

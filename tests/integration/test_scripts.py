@@ -1,22 +1,180 @@
-"""The script registry: includes resolve once, calls go by SHA (reloading on NOSCRIPT),
-and a script's error codes become fairq exceptions in one place."""
+"""The script registry: one file per operation assembled with its includes (once each,
+in dependency order), a checked context per script, one reply vocabulary; calls go by
+SHA (reloading on NOSCRIPT) and a refused argument becomes a fairq exception in one place.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from fairq.errors import InvalidLimitError
+from fairq.errors import InvalidLimitError, ScriptProtocolError
 from fairq.keys import Environment
-from fairq.scripts import SCRIPT_NAMES, expand, registry
+from fairq.store.context import CONTEXT_NAMES, ScriptContext, lua_bindings
+from fairq.store.scripts import ScriptLoadError, ScriptRegistry, assemble, registry, script_names
+from fairq.store.status import REPLIES, Status, decode
+
+# ------------------------------------------------------------------ assembling
 
 
-def test_every_script_expands_without_leftover_includes() -> None:
-    for name in SCRIPT_NAMES:
-        source = expand(name)
-        assert "--@include" not in source, name
-        assert source.count("local function claim(") <= 1, name
+def test_every_script_assembles_without_leftover_directives() -> None:
+    for script in registry().all():
+        assert "--@" not in script.source, script.name
+        for include in ("claim", "counters", "runs"):
+            assert script.source.count(f"-- include: {include}\n") <= 1, (script.name, include)
+
+
+def test_the_script_list_comes_from_the_files() -> None:
+    names = script_names()
+    assert {"enqueue", "dequeue", "ack", "nack", "heartbeat", "configure"} <= set(names)
+    assert {s.operation for s in registry().all()} == set(names)
+
+
+def test_order_dependent_operations_have_an_age_and_a_fair_build() -> None:
+    reg = registry()
+    for op in ("enqueue", "dequeue", "ack", "nack", "release", "reclaim", "expire_ttl", "cancel"):
+        assert reg.has_order(op), op
+        assert reg.get(op, "age").order == "age"
+        assert reg.get(op, "fair").order == "fair"
+        assert reg.get(op, "age").sha != reg.get(op, "fair").sha
+    for op in ("heartbeat", "configure", "seed_counters"):
+        assert not reg.has_order(op)
+        assert reg.get(op, "age") is reg.get(op, "fair")
+
+
+def _reader(files: dict[str, str]) -> Any:
+    return lambda relative: files.get(relative)
+
+
+PRELUDE = "-- prelude\n"
+
+
+def test_a_missing_include_fails_to_load() -> None:
+    files = {"s.lua": "--@include prelude\n--@include nowhere\n", "include/prelude.lua": PRELUDE}
+    with pytest.raises(ScriptLoadError, match="missing include 'nowhere'"):
+        assemble("s", None, _reader(files))
+
+
+def test_an_include_cycle_fails_to_load() -> None:
+    files = {
+        "s.lua": "--@include prelude\n--@include a\n",
+        "include/prelude.lua": PRELUDE,
+        "include/a.lua": "--@require b\nlocal function a() end\n",
+        "include/b.lua": "--@require a\nlocal function b() end\n",
+    }
+    with pytest.raises(ScriptLoadError, match="cycle"):
+        assemble("s", None, _reader(files))
+
+
+def test_the_prelude_must_come_first() -> None:
+    files = {"s.lua": "--@include a\n--@include prelude\n", "include/a.lua": "x = 1\n"}
+    with pytest.raises(ScriptLoadError, match="first include must be 'prelude'"):
+        assemble("s", None, _reader(files))
+
+
+def test_an_unknown_context_name_fails_to_load() -> None:
+    files = {"s.lua": "--@context now clock_skew\n--@include prelude\n", "include/prelude.lua": PRELUDE}
+    with pytest.raises(ScriptLoadError, match="clock_skew"):
+        assemble("s", None, _reader(files))
+
+
+def test_an_include_may_only_require() -> None:
+    files = {
+        "s.lua": "--@include prelude\n--@include a\n",
+        "include/prelude.lua": PRELUDE,
+        "include/a.lua": "--@include b\n",
+    }
+    with pytest.raises(ScriptLoadError, match="may only '--@require'"):
+        assemble("s", None, _reader(files))
+
+
+def test_requires_come_before_their_includer_once_each() -> None:
+    files = {
+        "s.lua": "--@include prelude\n--@include a\n--@include b\n",
+        "include/prelude.lua": PRELUDE,
+        "include/a.lua": "--@require c\nA\n",
+        "include/b.lua": "--@require c\nB\n",
+        "include/c.lua": "C\n",
+    }
+    source = assemble("s", None, _reader(files))
+    assert source.includes == ("c", "a", "b")
+    assert source.text.count("\nC\n") == 1
+    assert source.text.index("\nC\n") < source.text.index("\nA\n") < source.text.index("\nB\n")
+
+
+def test_the_order_placeholder_resolves_per_build() -> None:
+    files = {
+        "s.lua": "--@include prelude\n--@include order\n",
+        "include/prelude.lua": PRELUDE,
+        "include/order_age.lua": "AGE\n",
+        "include/order_fair.lua": "FAIR\n",
+    }
+    assert "AGE" in assemble("s", "age", _reader(files)).text
+    assert "FAIR" in assemble("s", "fair", _reader(files)).text
+    reg = ScriptRegistry(_reader(files), names=["s"])
+    assert reg.has_order("s")
+
+
+# ------------------------------------------------------------------ the context contract
+
+
+def test_each_script_reads_only_the_context_it_declares() -> None:
+    """Every C.<name> a script's body (and includes) reads is one it declared, in the
+    canonical order, so the Python side sends exactly those slots."""
+    for script in registry().all():
+        used = set(re.findall(r"\bC\.([a-z_]+)", script.source))
+        declared = set(script.context)
+        assert used <= declared, (script.name, sorted(used - declared))
+        assert list(script.context) == [n for n in CONTEXT_NAMES if n in declared]
+
+
+def test_the_python_context_matches_the_lua_bindings_slot_by_slot() -> None:
+    names = ("now", "counter_ttl", "default_burst_factor", "wake_channel")
+    lua = lua_bindings(names)
+    for i, name in enumerate(names, start=1):
+        assert f"C.{name} = " in lua
+        assert f"ARGV[{i}]" in lua
+    assert f"local FIRST_ARG = {len(names) + 1}" in lua
+    from fairq.config import RunQueueConfig
+
+    ctx = ScriptContext.from_config(RunQueueConfig(), "p:wake")
+    assert ctx.argv(names, 123) == ["123", "86400", "1.0", "p:wake"]
+    assert ctx.argv(names, None)[0] == ""  # the server's clock
+
+
+# ------------------------------------------------------------------ the reply vocabulary
+
+
+def test_the_lua_status_table_is_the_python_enum() -> None:
+    source = registry().get("ack", "age").source
+    for status in Status:
+        assert f"{status.name} = {status.value}" in source
+
+
+def test_every_status_a_script_names_is_one_it_may_return_or_a_shared_code() -> None:
+    for script in registry().all():
+        named = set(re.findall(r"\bS\.([A-Z_]+)", script.source))
+        assert named <= {s.name for s in Status}, script.name
+
+
+@pytest.mark.parametrize(("operation", "allowed"), sorted(REPLIES.items()))
+def test_every_reply_code_of_every_script_decodes_and_others_raise(
+    operation: str, allowed: frozenset[Status]
+) -> None:
+    for status in Status:
+        if status in allowed:
+            assert decode(operation, int(status)) is status
+        else:
+            with pytest.raises(ScriptProtocolError):
+                decode(operation, int(status))
+    for bad in (0, -1, 999, "x", None):
+        with pytest.raises(ScriptProtocolError):
+            decode(operation, bad)
+
+
+# ------------------------------------------------------------------ calls
 
 
 async def test_a_script_runs_after_the_server_forgot_it(make_queue: Any, env: Environment) -> None:
@@ -29,15 +187,30 @@ async def test_a_script_runs_after_the_server_forgot_it(make_queue: Any, env: En
 async def test_a_bad_context_argument_is_refused_by_the_script_before_any_write(
     make_queue: Any, env: Environment
 ) -> None:
-    """Given a caller bug (a non-numeric clock), the script raises FQ2, which the one
+    """Given a caller bug (a non-numeric counter TTL), the script raises FQ2, which the one
     error mapping turns into InvalidLimitError; nothing was written."""
     rq = await make_queue()
     q = rq.keys.queue(env, "q")
     e = rq.keys.env(env)
-    s = rq.keys.shard(rq.keys.shard_of(env))
-    script = registry()["enqueue"]
-    args = ["not-a-number", *rq._context_tail, env.id, "q", "r1", "", "1000", "{}", "0", "1000"]
+    script = registry().get("enqueue", "age")
+    args = rq._context.argv(script.context, 1_000)
+    args[script.context.index("counter_ttl")] = "not-a-number"
+    run = ["r1", "", "", "", "0", "0", "0", "{}", "", "0"]
     with pytest.raises(InvalidLimitError):
-        await script(rq.client, [q.base, e.prefix, s.master, s.ttl, s.envs, s.message_root], args)
+        await script(rq.client, [rq.keys.tag_of(env)], [*args, env.id, "q", "", "0", *run])
     assert await rq.client.exists(e.message("r1")) == 0
     assert await rq.client.zcard(q.queued) == 0
+
+
+async def test_a_bad_per_run_argument_refuses_the_whole_batch(
+    make_queue: Any, env: Environment
+) -> None:
+    """Every run of an enqueue call is checked before the first is written."""
+    rq = await make_queue()
+    script = registry().get("enqueue", "age")
+    args = rq._context.argv(script.context, 1_000)
+    good = ["r1", "", "", "", "0", "0", "0", "{}", "", "0"]
+    bad = ["r2", "", "", "", "soon", "0", "0", "{}", "", "0"]
+    with pytest.raises(InvalidLimitError):
+        await script(rq.client, [rq.keys.tag_of(env)], [*args, env.id, "q", "", "0", *good, *bad])
+    assert await rq.client.exists(rq.keys.env(env).message("r1")) == 0

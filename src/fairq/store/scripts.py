@@ -4,6 +4,9 @@ A script file holds, top to bottom: its header (purpose, KEYS, ARGV, reply), the
 directives, its KEYS/ARGV bindings and its body. Directives:
 
 * ``--@context name ...``: the context names it reads (see :mod:`fairq.store.context`);
+* ``--@schema fair``: a script without an order that still names the fair order's keys
+  (only the admin script that sets weights). The age-order builds, and every other
+  script without an order, get a schema without them;
 * ``--@include name``: a helper file ``lua/include/<name>.lua``. ``prelude`` is the one
   generated include (reply codes, key builders, this script's context bindings, argument
   checks) and must come first. ``order`` stands for the order-specific hooks: a script
@@ -41,7 +44,7 @@ from fairq.store.status import lua_status_table
 
 Order = Literal["age", "fair"]
 
-_DIRECTIVE_RE: Final = re.compile(r"^--@(include|require|context)\b(.*)$", re.MULTILINE)
+_DIRECTIVE_RE: Final = re.compile(r"^--@(include|require|context|schema)\b(.*)$", re.MULTILINE)
 _NAME_RE: Final = re.compile(r"^[a-z_]+$")
 #: The order-specific include placeholder and what it resolves to per build.
 ORDER_INCLUDE: Final = "order"
@@ -126,11 +129,16 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
     directives = _directives(text, name)
     context: list[str] = []
     wanted: list[str] = []
+    full_schema = order == "fair"
     for kind, names in directives:
         if kind == "context":
             context += names
         elif kind == "include":
             wanted += names
+        elif kind == "schema":
+            if names != ["fair"] or order is not None:
+                raise ScriptLoadError(f"{name}: '--@schema fair' is for scripts without an order")
+            full_schema = True
         else:
             raise ScriptLoadError(f"{name}: '--@require' is for includes; use '--@include'")
     try:
@@ -170,7 +178,7 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
         raise ScriptLoadError(f"{name}: missing include 'prelude'")
     parts = [
         lua_status_table(),
-        lua_schema(),
+        lua_schema(fair=full_schema),
         lua_options(),
         lua_bindings(ordered_context),
         _DIRECTIVE_RE.sub(lambda m: "", prelude),

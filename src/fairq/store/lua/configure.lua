@@ -21,6 +21,7 @@ Reply
   OK
 ]]
 --@context wake_channel
+--@schema fair
 --@include prelude
 
 local tag = KEYS[1]

@@ -31,7 +31,7 @@ Reply
 --@context now counter_ttl state_ttl outcome_ttl wake_channel default_env_concurrency
 --@context default_burst_factor default_queue_size_limit default_order default_max_per_key
 --@context default_quantum default_window default_join default_arrival_cap default_charge
---@context recent_runs
+--@context recent_runs charge_unit_ms
 --@include prelude
 --@include config
 --@include serve_age

@@ -28,7 +28,7 @@ Reply
 ]]
 --@context now counter_ttl state_ttl wake_channel default_queue_size_limit default_order
 --@context default_env_concurrency default_burst_factor default_max_per_key default_quantum
---@context default_window default_join default_arrival_cap default_charge
+--@context default_window default_join default_arrival_cap default_charge charge_unit_ms outcome_ttl recent_runs
 --@include prelude
 --@include config
 --@include runs

@@ -16,7 +16,7 @@ Reply
 --@context now counter_ttl outcome_ttl recent_runs state_ttl wake_channel
 --@context default_env_concurrency default_burst_factor default_queue_size_limit
 --@context default_order default_max_per_key default_quantum default_window default_join
---@context default_arrival_cap default_charge
+--@context default_arrival_cap default_charge charge_unit_ms
 --@include prelude
 --@include config
 --@include runs

@@ -14,7 +14,7 @@ Reply
 ]]
 --@context now counter_ttl wake_channel recent_runs state_ttl default_env_concurrency
 --@context default_burst_factor default_queue_size_limit default_order default_max_per_key
---@context default_quantum default_window default_join default_arrival_cap default_charge
+--@context default_quantum default_window default_join default_arrival_cap default_charge charge_unit_ms outcome_ttl
 --@include prelude
 --@include config
 --@include runs

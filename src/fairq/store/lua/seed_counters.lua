@@ -11,7 +11,7 @@ ARGV
 Reply
   {OK, queued across variants, running across variants}
 ]]
---@context counter_ttl
+--@context counter_ttl now
 --@include prelude
 --@include counters
 
