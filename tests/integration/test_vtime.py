@@ -1,8 +1,15 @@
-"""The fair (virtual-time) order of dequeue_ck_vtime.lua and its registration hooks.
+"""The fair order (order_fair.lua) and its registration hooks, on one queue.
 
 Test names follow the plan's tests 1-13 and 18 (seed 000), then the corrections of
 issue 4 item 4, the join policies, weights and serves per key per call. Every test
 is Given / When / Then on a real server with explicit clocks.
+
+Ported to the two-level store (notes/migration.md): a key that is its own tenant (the
+default) has its tag in V:tt (written when it is served) and its registration copy in
+B:tq; the floor is V:tfloor = the start tag of the run most recently begun; drained
+tenants keep their tag in V:tt (no idle index); keys at a cap are parked (B:park); the
+fair order's default serves per key per call is the whole call. Tests that are about
+"one serve per variant per call" pin ``max_per_key_per_call=1``.
 """
 
 from __future__ import annotations
@@ -11,7 +18,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from tests.state import fair_keys, parked, ready_tenants, tenant_floor, tenant_keys, tenant_tags
 
+from fairq import keys as K
 from fairq.errors import InvalidLimitError
 from fairq.keys import Environment
 from fairq.models import Delivery
@@ -22,13 +31,13 @@ T0 = 1_000_000
 NOW = T0 + 100_000  # every test's dequeue clock: all T0-based heads are ready
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-async def enq(rq: RunQueue, env: Environment, ck: str, run: str, at: int) -> None:
+async def enq(
+    rq: RunQueue, env: Environment, ck: str, run: str, at: int, tenant: str | None = None
+) -> None:
     """Enqueue one run on variant ``ck`` whose head score is ``at``."""
-    await rq.enqueue(env, QUEUE, run, None, concurrency_key=ck, available_at_ms=at, now_ms=at)
+    await rq.enqueue(
+        env, QUEUE, run, None, concurrency_key=ck, tenant=tenant, available_at_ms=at, now_ms=at
+    )
 
 
 async def deq(
@@ -38,18 +47,28 @@ async def deq(
 
 
 async def tags(rq: RunQueue, env: Environment) -> dict[str, float]:
-    q = rq.keys.queue(env, QUEUE)
-    return {_s(m): float(s) for m, s in await rq.client.zrange(q.vtime, 0, -1, withscores=True)}
+    """The authoritative tenant tags (V:tt): written when a tenant is served."""
+    return await tenant_tags(rq, env)
+
+
+async def copies(rq: RunQueue, env: Environment) -> dict[str, float]:
+    """The tenants registered as servable in the queue (B:tq) -> their tag copy."""
+    return await ready_tenants(rq, env, QUEUE)
 
 
 async def floor_of(rq: RunQueue, env: Environment) -> float | None:
-    raw = await rq.client.get(rq.keys.queue(env, QUEUE).vtime_floor)
-    return None if raw is None else float(raw)
+    return await tenant_floor(rq, env)
 
 
 async def set_tags(rq: RunQueue, env: Environment, values: dict[str, float]) -> None:
-    """Overwrite existing tags (the plan's direct seeding, to build exact situations)."""
-    await rq.client.zadd(rq.keys.queue(env, QUEUE).vtime, values, xx=True)
+    """Overwrite tenant tags (the plan's direct seeding, to build exact situations): the
+    authoritative V:tt entry and, where registered, the B:tq copy."""
+    await rq.client.zadd(rq.keys.env(env).tenant_tags, values)
+    await rq.client.zadd(rq.keys.queue(env, QUEUE).ready_tenants, values, xx=True)
+
+
+async def set_floor(rq: RunQueue, env: Environment, value: float) -> None:
+    await rq.client.set(rq.keys.env(env).tenant_floor, repr(value))
 
 
 async def fair_queue(make_queue: Any, **vtime: Any) -> RunQueue:
@@ -68,7 +87,8 @@ def keys_of(batch: list[Delivery]) -> list[str | None]:
 async def test_vtime_order_beats_head_order(make_queue: Any, env: Environment) -> None:
     """Plan 1. Given 30 old runs on 'heavy' and 3 newer runs on 'light', when serving one
     run per call, the fair order serves light within its first 6 calls while the age
-    order drains heavy first; with max_count 10 each call serves each variant at most once."""
+    order drains heavy first; with max_count 10 and max_per_key_per_call 1 (pinned: the
+    fair default is now the whole call) each call serves each variant at most once."""
     results: dict[bool, list[str | None]] = {}
     for fair in (False, True):
         rq: RunQueue = await make_queue(vtime={"enabled": fair})
@@ -86,7 +106,7 @@ async def test_vtime_order_beats_head_order(make_queue: Any, env: Environment) -
     assert results[True][:6].count("light") == 3
     assert results[False][:30] == ["heavy"] * 30
 
-    rq = await fair_queue(make_queue)
+    rq = await fair_queue(make_queue, max_per_key_per_call=1)
     for i in range(30):
         await enq(rq, env, "heavy", f"h{i}", T0 + i)
     for i in range(3):
@@ -104,22 +124,26 @@ async def test_vtime_order_beats_head_order(make_queue: Any, env: Environment) -
 async def test_tags_advance_per_serve_within_one_batched_call(
     make_queue: Any, env: Environment
 ) -> None:
-    """Plan 2. Given 5 variants at tag 0 with two runs each, one call with max_count 5
-    serves all five and leaves each tag at exactly 1 (advanced inside the call)."""
+    """Plan 2. Given 5 variants registered at tag 0 with two runs each, one call with
+    max_count 5 serves all five and leaves each tag at exactly 1 (advanced inside the
+    call). Adapted: registration puts the copy in B:tq; V:tt is written by the serve."""
     rq = await fair_queue(make_queue)
     for i in range(5):
         await enq(rq, env, f"v{i}", f"r{i}a", T0 + i)
         await enq(rq, env, f"v{i}", f"r{i}b", T0 + 10 + i)
-    assert set((await tags(rq, env)).values()) == {0.0}
+    assert await copies(rq, env) == {f"v{i}": 0.0 for i in range(5)}
+    assert await tags(rq, env) == {}
     batch = await deq(rq, env, max_count=5)
     assert sorted(keys_of(batch)) == [f"v{i}" for i in range(5)]  # type: ignore[type-var]
     assert await tags(rq, env) == {f"v{i}": 1.0 for i in range(5)}
+    assert await copies(rq, env) == {f"v{i}": 1.0 for i in range(5)}
 
 
 async def test_floor_is_monotonic_and_read_repairs(make_queue: Any, env: Environment) -> None:
     """Plan 3. Given two busy keys, the floor sampled after every call never decreases and
-    equals the lowest stored tag at the end; with the floor key deleted, the next call
-    restores it from the tags (never below the lowest tag)."""
+    equals the start tag of the last run served (one below the lowest tag) at the end; with
+    the floor key deleted, the next call restores it from the tags (never below the lowest
+    tag)."""
     rq = await fair_queue(make_queue)
     for i in range(30):
         await enq(rq, env, "a", f"a{i}", T0 + i)
@@ -131,7 +155,7 @@ async def test_floor_is_monotonic_and_read_repairs(make_queue: Any, env: Environ
         seen.append(await floor_of(rq, env) or 0.0)
     assert seen == sorted(seen) and seen[-1] >= 19
     assert seen[-1] == min((await tags(rq, env)).values()) - 1  # floor = last served start tag
-    await rq.client.delete(rq.keys.queue(env, QUEUE).vtime_floor)
+    await rq.client.delete(rq.keys.env(env).tenant_floor)
     await deq(rq, env, max_count=1)
     assert await floor_of(rq, env) == 20.0  # read-repaired to the lowest stored tag
 
@@ -152,7 +176,7 @@ async def test_new_key_joins_at_the_floor_not_zero_nor_behind_backlog(
     assert floor == 19.0
     await enq(rq, env, "fresh", "f0", T0 + 5000)
     await enq(rq, env, "fresh", "f1", T0 + 5001)
-    assert (await tags(rq, env))["fresh"] == floor
+    assert (await copies(rq, env))["fresh"] == floor
     batch = await deq(rq, env, max_count=1)
     assert keys_of(batch) == ["fresh"]
     assert (await tags(rq, env))["fresh"] == floor + 1
@@ -160,7 +184,7 @@ async def test_new_key_joins_at_the_floor_not_zero_nor_behind_backlog(
 
 async def test_no_service_no_advance_for_a_gated_variant(make_queue: Any, env: Environment) -> None:
     """Plan 5. Given queue concurrency 1 and variant a's slot held, a dequeue skips a
-    (its tag unchanged) and serves the others."""
+    (its tag unchanged; new design: it stays parked at its cap) and serves the others."""
     rq = await fair_queue(make_queue)
     await rq.set_queue_concurrency(env, QUEUE, 1)
     for i in range(3):
@@ -173,70 +197,83 @@ async def test_no_service_no_advance_for_a_gated_variant(make_queue: Any, env: E
     second = await deq(rq, env, max_count=10)
     assert sorted(keys_of(second)) == ["b", "c"]  # type: ignore[type-var]
     assert (await tags(rq, env))["a"] == before
+    assert (await parked(rq, env, QUEUE)).get("t:a") == f"c:{before:g}"
+    assert "a" not in await copies(rq, env)
 
 
 async def test_drained_variant_leaves_both_indexes(make_queue: Any, env: Environment) -> None:
-    """Plan 6. A variant served to empty is removed from the CK index and the vtime index."""
+    """Plan 6. A variant served to empty is removed from the CK index and from the
+    candidates (B:tq); adapted: its tag stays in V:tt (parked credit, no idle index)."""
     rq = await fair_queue(make_queue)
     await enq(rq, env, "once", "o0", T0)
     await enq(rq, env, "other", "x0", T0 + 1)
     await enq(rq, env, "other", "x1", T0 + 2)
-    await deq(rq, env, max_count=10)
+    assert keys_of(await deq(rq, env, max_count=2)) == ["once", "other"]
     q = rq.keys.queue(env, QUEUE)
     assert await rq.client.zscore(q.ck_index, "once") is None
-    assert "once" not in await tags(rq, env)
-    assert "other" in await tags(rq, env)
+    assert "once" not in await copies(rq, env)
+    assert "other" in await copies(rq, env)
+    assert (await tags(rq, env))["once"] == 1.0
 
 
 async def test_state_ttls_are_set_and_refreshed(make_queue: Any, env: Environment) -> None:
-    """Plan 7. After a dequeue the tag index, floor and parked-tag index carry a TTL in
-    (0, state_ttl_seconds]; a later write refreshes it."""
+    """Plan 7. After a dequeue the tag index (V:tt), the floor (V:tfloor) and the
+    candidate copies (B:tq) carry a TTL in (0, state_ttl_seconds]; a later write
+    refreshes it."""
     rq = await fair_queue(make_queue, state_ttl_seconds=100)
-    q = rq.keys.queue(env, QUEUE)
-    await enq(rq, env, "a", "a0", T0)
-    await enq(rq, env, "a", "a1", T0 + 1)
-    await enq(rq, env, "b", "b0", T0 + 2)
-    await deq(rq, env, max_count=10)  # b drains (parked), a advances
-    for key in (q.vtime, q.vtime_floor, q.vtime_idle):
+    e, q = rq.keys.env(env), rq.keys.queue(env, QUEUE)
+    for i in range(3):
+        await enq(rq, env, "a", f"a{i}", T0 + i)
+    await enq(rq, env, "b", "b0", T0 + 5)
+    await deq(rq, env, max_count=2)  # b drains (its tag stays in V:tt), a advances
+    for key in (e.tenant_tags, e.tenant_floor, q.ready_tenants):
         assert 0 < await rq.client.pttl(key) <= 100_000, key
-    await rq.client.expire(q.vtime, 5)
+    await rq.client.expire(e.tenant_tags, 5)
     await deq(rq, env, max_count=1)
-    await enq(rq, env, "c", "c0", T0 + 3)
-    assert await rq.client.pttl(q.vtime) > 5_000
+    assert await rq.client.pttl(e.tenant_tags) > 5_000
+    await rq.client.expire(q.ready_tenants, 5)
+    await enq(rq, env, "c", "c0", T0 + 6)
+    assert await rq.client.pttl(q.ready_tenants) > 5_000
 
 
 async def test_pass2_serves_an_unregistered_variant_and_registers_it(
     make_queue: Any, env: Environment
 ) -> None:
-    """Plan 8. Given a variant whose tag was lost (an age-order enqueue), a dequeue still
-    serves it (pass 2) and registers it."""
+    """Plan 8. Given a variant whose registration was lost (an age-order enqueue), a
+    dequeue still serves it (discovery) and registers it."""
     rq = await fair_queue(make_queue)
     await enq(rq, env, "lost", "l0", T0)
     await enq(rq, env, "lost", "l1", T0 + 1)
-    await rq.client.zrem(rq.keys.queue(env, QUEUE).vtime, "lost")
-    batch = await deq(rq, env, max_count=10)
+    await rq.client.zrem(rq.keys.queue(env, QUEUE).ready_tenants, "lost")
+    batch = await deq(rq, env, max_count=1)
     assert keys_of(batch) == ["lost"]
     assert (await tags(rq, env))["lost"] == 1.0
+    assert (await copies(rq, env))["lost"] == 1.0
 
 
 async def test_future_scheduled_variant_is_skipped_without_advance(
     make_queue: Any, env: Environment
 ) -> None:
-    """Plan 9. A variant whose head lies in the future is not served and keeps its tag."""
+    """Plan 9. A variant whose head lies in the future is not served and keeps its tag;
+    adapted: it is parked until its head is due (then served)."""
     rq = await fair_queue(make_queue)
     await enq(rq, env, "later", "f0", NOW + 60_000)
     await enq(rq, env, "now", "n0", T0)
     await enq(rq, env, "now", "n1", T0 + 1)
     batch = await deq(rq, env, max_count=10)
-    assert keys_of(batch) == ["now"]
-    assert (await tags(rq, env))["later"] == 0.0
+    assert keys_of(batch) == ["now", "now"]
+    assert "later" not in await tags(rq, env)  # never served: never advanced
+    assert (await parked(rq, env, QUEUE))["t:later"] == "d:0"
+    assert await deq(rq, env, max_count=10, now=NOW + 59_999) == []
+    assert keys_of(await deq(rq, env, max_count=10, now=NOW + 60_000)) == ["later"]
+    assert (await tags(rq, env))["later"] == 2.0  # max(floor 1, its join tag 0) + 1
 
 
 async def test_enqueue_registers_at_the_current_floor_with_nx(
     make_queue: Any, env: Environment
 ) -> None:
-    """Plan 10. A fresh key registers at the floor (~5); enqueueing onto a key whose tag
-    is 9 leaves 9 (NX never rewinds)."""
+    """Plan 10. A fresh key registers at the floor (5); enqueueing onto a key whose tag
+    is 9 leaves 9 (registration never rewinds)."""
     rq = await fair_queue(make_queue)
     for i in range(20):
         await enq(rq, env, "a", f"a{i}", T0 + i)
@@ -246,9 +283,10 @@ async def test_enqueue_registers_at_the_current_floor_with_nx(
     floor = await floor_of(rq, env)
     assert floor == 5.0
     await enq(rq, env, "fresh", "f0", T0 + 900)
-    assert (await tags(rq, env))["fresh"] == floor
+    assert (await copies(rq, env))["fresh"] == floor
     await set_tags(rq, env, {"a": 9.0})
     await enq(rq, env, "a", "a-late", T0 + 901)
+    assert (await copies(rq, env))["a"] == 9.0
     assert (await tags(rq, env))["a"] == 9.0
 
 
@@ -259,20 +297,20 @@ async def test_enqueue_always_registers_there_is_no_fast_path(
     an idle queue with free capacity registers the variant (and nothing else differs)."""
     rq = await fair_queue(make_queue)
     await enq(rq, env, "idle", "i0", T0)
-    assert await tags(rq, env) == {"idle": 0.0}
+    assert await copies(rq, env) == {"idle": 0.0}
 
 
 async def test_nack_reregisters_a_drained_variant(make_queue: Any, env: Environment) -> None:
     """Plan 13. A variant drained by its only dequeue and then nacked (immediate retry)
-    is back in both indexes, at max(floor, parked tag), and is served again."""
+    is back in both indexes, at max(floor, its kept tag), and is served again."""
     rq = await fair_queue(make_queue)
     await enq(rq, env, "a", "a0", T0)
     (d,) = await deq(rq, env, max_count=10)
     q = rq.keys.queue(env, QUEUE)
-    assert await rq.client.zscore(q.ck_index, "a") is None and "a" not in await tags(rq, env)
+    assert await rq.client.zscore(q.ck_index, "a") is None and "a" not in await copies(rq, env)
     await rq.nack(d, retry_at_ms=NOW, now_ms=NOW)
     assert await rq.client.zscore(q.ck_index, "a") is not None
-    assert (await tags(rq, env))["a"] == max(await floor_of(rq, env) or 0.0, 1.0)
+    assert (await copies(rq, env))["a"] == max(await floor_of(rq, env) or 0.0, 1.0) == 1.0
     assert keys_of(await deq(rq, env, max_count=10)) == ["a"]
 
 
@@ -280,8 +318,9 @@ async def test_flag_off_creates_no_vtime_keys_and_serves_in_head_order(
     make_queue: Any, env: Environment
 ) -> None:
     """Plan 18. With the flag off, a mixed sequence (enqueues on 3 keys with distinct
-    head ages, batched dequeues, a nack, acks) creates no key containing vtime/vfloor/
-    vidle, and one-per-call dequeues follow head order."""
+    head ages, batched dequeues, a nack, acks) creates no fair-order key (V:tt, V:tfloor,
+    B:tq, B:tkfloor, B:park, B:parkdue, key sets, env tags), and one-per-call dequeues
+    follow head order."""
     rq: RunQueue = await make_queue()
     assert not rq.fair
     heads = {"c": T0, "a": T0 + 10, "b": T0 + 20}
@@ -298,12 +337,7 @@ async def test_flag_off_creates_no_vtime_keys_and_serves_in_head_order(
     await rq.nack(batch[0], retry_at_ms=NOW, now_ms=NOW)
     await rq.ack(batch[1:], now_ms=NOW)
     await deq(rq, env, max_count=10)
-    found = [
-        _s(k)
-        async for k in rq.client.scan_iter(match=f"*{rq.config.prefix}*")
-        if any(part in _s(k) for part in ("vtime", "vfloor", "vidle"))
-    ]
-    assert found == []
+    assert await fair_keys(rq) == []
 
 
 # ---------------------------------------------------------------- corrections (item 4)
@@ -312,25 +346,28 @@ async def test_flag_off_creates_no_vtime_keys_and_serves_in_head_order(
 async def test_drained_key_reenters_at_its_parked_tag_not_the_floor(
     make_queue: Any, env: Environment
 ) -> None:
-    """A key served 10 times in one call (tag 0 -> 10) that drains is parked at 10; when
-    it returns behind a newcomer it comes back at max(floor, 10), so the newcomer gets
-    ten serves before it instead of alternating (drain-and-re-enter cannot reset credit)."""
+    """A key served 10 times in one call (tag 0 -> 10) that drains keeps 10 in V:tt; when
+    it returns it comes back at max(floor, 10) (drain-and-re-enter cannot reset credit).
+    Adapted: the floor is now the start tag of the last run begun (9, it followed the
+    key that was alone), so a newcomer joins at 9 and is served before the returning key
+    although the returning key's head is older (at the floor it would go first)."""
     rq = await fair_queue(make_queue, max_per_key_per_call=10)
     for i in range(10):
         await enq(rq, env, "burst", f"b{i}", T0 + i)
     assert len(await deq(rq, env, max_count=10)) == 10
-    q = rq.keys.queue(env, QUEUE)
-    assert await rq.client.zscore(q.vtime_idle, "burst") == 10.0
+    assert (await tags(rq, env))["burst"] == 10.0
+    assert "burst" not in await copies(rq, env)
+    assert await floor_of(rq, env) == 9.0
     for i in range(12):
         await enq(rq, env, "steady", f"s{i}", T0 + 100 + i)
     await enq(rq, env, "burst", "b-again", T0 + 50)
-    assert (await tags(rq, env))["burst"] == 10.0
+    assert await copies(rq, env) == {"burst": 10.0, "steady": 9.0}
     order: list[str | None] = []
     for _ in range(11):
         batch = await deq(rq, env, max_count=1)
         order += keys_of(batch)
         await rq.ack(batch, now_ms=NOW)
-    assert order.index("burst") == 10
+    assert order.index("burst") == 1
 
 
 async def test_gated_or_future_variants_do_not_spend_window_slots(
@@ -338,7 +375,8 @@ async def test_gated_or_future_variants_do_not_spend_window_slots(
 ) -> None:
     """Window 1 (max_count 1, multiplier 1): a gated or future-headed variant with the
     lowest tag does not use up the window; the next-lowest tag ('second') is served,
-    not nothing and not the variant with the oldest head ('oldest', the age order's pick)."""
+    not nothing and not the variant with the oldest head ('oldest', the age order's pick).
+    New design: the blocker is parked (cap: until a slot frees; future: until due)."""
     for blocker in ("gated", "future"):
         rq = await fair_queue(make_queue, scan_window_multiplier=1)
         e = Environment("org1", "proj1", blocker)
@@ -352,16 +390,20 @@ async def test_gated_or_future_variants_do_not_spend_window_slots(
         await enq(rq, e, "oldest", "o0", T0)
         await enq(rq, e, "second", "s0", T0 + 50)
         await set_tags(rq, e, {"blocker": 0.0, "second": 1.0, "oldest": 2.0})
-        await rq.client.set(rq.keys.queue(e, QUEUE).vtime_floor, "0")
+        await set_floor(rq, e, 0.0)
         assert keys_of(await deq(rq, e, max_count=1)) == ["second"], blocker
+        want = "c:0" if blocker == "gated" else "d:0"
+        assert (await parked(rq, e, QUEUE))["t:blocker"] == want, blocker
 
 
 async def test_cold_start_registers_every_variant_in_the_first_call(
     make_queue: Any, env: Environment
 ) -> None:
     """Enqueue 40 variants x 3 runs with the flag off, then dequeue with the flag on:
-    after the first call every indexed variant has a tag, and every variant is first
-    served within 4 calls (not after the first batch's keys drain, ~12 calls)."""
+    every variant is first served within 4 calls (not after the first batch's keys
+    drain, ~12 calls). Adapted: discovery registers the max(n x window, 3n) = 30 oldest
+    ready heads per call, so after the first call those 30 are registered and after the
+    second every indexed variant is."""
     off: RunQueue = await make_queue()
     keys = [f"k{i:02d}" for i in range(40)]
     for j in range(3):
@@ -369,21 +411,25 @@ async def test_cold_start_registers_every_variant_in_the_first_call(
             await enq(off, env, ck, f"{ck}-{j}", T0 + j * 1000 + i)
     on = await fair_queue(make_queue)
     q = on.keys.queue(env, QUEUE)
+    assert await fair_keys(on) == []
     first_served: dict[str, int] = {}
     for call in range(12):
         batch = await deq(on, env, max_count=10)
         for d in batch:
             first_served.setdefault(d.concurrency_key or "", call)
+        registered = set(await copies(on, env)) | set(await tags(on, env))
         if call == 0:
-            indexed = {_s(m) for m in await on.client.zrange(q.ck_index, 0, -1)}
-            assert indexed <= set(await tags(on, env))
+            assert registered == set(keys[:30])
+        if call == 1:
+            indexed = {m.decode() for m in await on.client.zrange(q.ck_index, 0, -1)}
+            assert indexed <= registered
         await on.ack(batch, now_ms=NOW)
     assert len(first_served) == 40 and max(first_served.values()) <= 3
 
 
 async def test_floor_advances_past_a_gated_low_tag(make_queue: Any, env: Environment) -> None:
-    """A gated variant stuck at tag 0 does not pin the floor: the floor follows the lowest
-    tag actually served, and a newcomer joins there (not at 0, which would let it take
+    """A gated variant stuck at tag 0 does not pin the floor: the floor follows the start
+    tags actually served, and a newcomer joins there (not at 0, which would let it take
     many serves in a row ahead of the active keys)."""
     rq = await fair_queue(make_queue, max_per_key_per_call=10)
     await rq.set_queue_concurrency(env, QUEUE, 1)
@@ -400,10 +446,10 @@ async def test_floor_advances_past_a_gated_low_tag(make_queue: Any, env: Environ
         await rq.ack(batch, now_ms=NOW)
     assert (await tags(rq, env))["gated"] == 0.0
     floor = await floor_of(rq, env)
-    assert floor == 7.0  # the lowest start tag served by the last call
+    assert floor == 7.0  # the start tag of the last run begun
     for i in range(5):
         await enq(rq, env, "newcomer", f"n{i}", T0 + 500 + i)
-    assert (await tags(rq, env))["newcomer"] == floor
+    assert (await copies(rq, env))["newcomer"] == floor
     order = keys_of(await deq(rq, env, max_count=3))
     assert order.count("newcomer") == 1
 
@@ -426,11 +472,16 @@ async def test_batch_ties_use_the_current_head_not_the_first(
 ) -> None:
     """With several serves per key per call, a tie that arises inside the batch goes to
     the key whose *current* head is older: zzz (100, 500) and a (200, 300) serve
-    zzz, a, a, zzz (a stale head or the name would give zzz, a, zzz, a)."""
-    rq = await fair_queue(make_queue, max_per_key_per_call=4)
-    for run, ck, at in (("z1", "zzz", 100), ("z2", "zzz", 500), ("a1", "a", 200), ("a2", "a", 300)):
-        await enq(rq, env, ck, run, T0 + at)
-    assert keys_of(await deq(rq, env, max_count=4)) == ["zzz", "a", "a", "zzz"]
+    zzz, a, a, zzz (a stale head or the name would give zzz, a, zzz, a); the same at the
+    fair order's default (the whole call)."""
+    for per_key in (4, None):
+        rq = await fair_queue(make_queue, max_per_key_per_call=per_key)
+        e = Environment("org1", "proj1", f"pk{per_key}")
+        for run, ck, at in (
+            ("z1", "zzz", 100), ("z2", "zzz", 500), ("a1", "a", 200), ("a2", "a", 300),
+        ):  # fmt: skip
+            await enq(rq, e, ck, run, T0 + at)
+        assert keys_of(await deq(rq, e, max_count=4)) == ["zzz", "a", "a", "zzz"]
 
 
 # ---------------------------------------------------------------- join policy
@@ -439,22 +490,25 @@ async def test_batch_ties_use_the_current_head_not_the_first(
 async def test_join_policy_behind_leader_starts_one_quantum_behind_the_leader(
     make_queue: Any, env: Environment
 ) -> None:
-    """'behind_leader': with tags a=10 (the leader), b=3 and floor 3, a brand-new key starts
-    at leader + quantum (11), at most arrival_cap above the floor (cap 2: 5); a key that
-    drained with a parked tag still returns at max(floor, parked)."""
+    """'behind_leader' (adapted: it places a key that is new to its *tenant*): in tenant
+    acme with key tags a=10 (the leader), b=3 and key floor 3, a brand-new key starts at
+    leader + quantum (11), at most arrival_cap above the key floor (cap 2: 5); a tenant
+    that drained with a kept tag (7 > floor 3) still returns at max(floor, 7)."""
     for cap, want in ((1000.0, 11.0), (2.0, 5.0)):
         rq = await fair_queue(make_queue, join_policy="behind_leader", arrival_cap=cap)
         e = Environment("org1", "proj1", f"cap{int(cap)}")
-        await enq(rq, e, "a", "a0", T0)
-        await enq(rq, e, "b", "b0", T0 + 1)
-        await set_tags(rq, e, {"a": 10.0, "b": 3.0})
+        await enq(rq, e, "a", "a0", T0, tenant="acme")
+        await enq(rq, e, "b", "b0", T0 + 1, tenant="acme")
         q = rq.keys.queue(e, QUEUE)
-        await rq.client.set(q.vtime_floor, "3")
-        await rq.client.zadd(q.vtime_idle, {"back": 7.0})
-        await enq(rq, e, "fresh", "f0", T0 + 2)
+        assert await tenant_keys(rq, e, QUEUE, "acme") == {"a": 0.0, "b": 0.0}
+        await rq.client.zadd(q.tenant_keys(K.encode_tenant("acme")), {"a": 10.0, "b": 3.0})
+        await rq.client.hset(q.key_floors, "acme", "3")  # type: ignore[misc]
+        await set_floor(rq, e, 3.0)
+        await rq.client.zadd(rq.keys.env(e).tenant_tags, {"back": 7.0})
+        await enq(rq, e, "fresh", "f0", T0 + 2, tenant="acme")
         await enq(rq, e, "back", "k0", T0 + 3)
-        t = await tags(rq, e)
-        assert (t["fresh"], t["back"]) == (want, 7.0), cap
+        kt = await tenant_keys(rq, e, QUEUE, "acme")
+        assert (kt["fresh"], (await copies(rq, e))["back"]) == (want, 7.0), cap
 
 
 async def test_join_policy_floor_is_the_default(make_queue: Any) -> None:
@@ -465,12 +519,12 @@ async def test_join_policy_floor_is_the_default(make_queue: Any) -> None:
 # ---------------------------------------------------------------- weights
 
 
-@pytest.mark.parametrize(("max_count", "max_per_key"), [(1, 1), (7, 10)])
+@pytest.mark.parametrize(("max_count", "max_per_key"), [(1, 1), (7, 10), (7, None)])
 async def test_weights_1_2_4_give_shares_1_2_4_sevenths(
-    make_queue: Any, env: Environment, max_count: int, max_per_key: int
+    make_queue: Any, env: Environment, max_count: int, max_per_key: int | None
 ) -> None:
-    """Under saturation (every key always backlogged), weights 1:2:4 give served shares
-    within +-5% of 1/7 : 2/7 : 4/7."""
+    """Under saturation (every key always backlogged), key weights 1:2:4 (each key its
+    own tenant) give served shares within +-5% of 1/7 : 2/7 : 4/7."""
     rq = await fair_queue(make_queue, max_per_key_per_call=max_per_key)
     weights = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
     for ck, w in weights.items():
@@ -500,22 +554,29 @@ async def test_weight_none_resets_to_one(make_queue: Any, env: Environment) -> N
     rq = await fair_queue(make_queue)
     q = rq.keys.queue(env, QUEUE)
     await rq.set_concurrency_key_weight(env, QUEUE, "k", 3)
-    assert await rq.client.hget(q.ck_weights, "k") == b"3.0"
+    assert await rq.client.hget(q.key_weights, "k") == b"3.0"  # type: ignore[misc]
     await rq.set_concurrency_key_weight(env, QUEUE, "k", None)
-    assert await rq.client.hget(q.ck_weights, "k") is None
+    assert await rq.client.hget(q.key_weights, "k") is None  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------- serves per key per call
 
 
-@pytest.mark.parametrize("fair", [False, True])
-async def test_default_serves_each_variant_once_per_call(
-    make_queue: Any, env: Environment, fair: bool
+@pytest.mark.parametrize(("fair", "want"), [(False, 1), (True, 10)])
+async def test_default_serves_per_variant_per_call(
+    make_queue: Any, env: Environment, fair: bool, want: int
 ) -> None:
+    """The default serves per key per call: 1 in the age order; adapted: the whole call
+    in the fair order (it interleaves keys by itself); pinning 1 restores one."""
     rq: RunQueue = await make_queue(vtime={"enabled": fair})
     for i in range(20):
         await enq(rq, env, "only", f"o{i}", T0 + i)
-    assert len(await deq(rq, env, max_count=10)) == 1
+    assert len(await deq(rq, env, max_count=10)) == want
+    pinned = await fair_queue(make_queue, max_per_key_per_call=1)
+    e = Environment("org1", "proj1", "pinned")
+    for i in range(20):
+        await enq(pinned, e, "only", f"o{i}", T0 + i)
+    assert len(await deq(pinned, e, max_count=10)) == 1
 
 
 async def test_several_serves_per_call_follow_tag_order(make_queue: Any, env: Environment) -> None:
