@@ -209,6 +209,21 @@ class ReaderOps(StoreCore):
             weight=1.0 if weight is None else float(weight),
         )
 
+    async def command_stats(self) -> dict[str, int]:
+        """Successful calls per command since the server's last reset, summed over every
+        master (``INFO commandstats``: calls - failed_calls, so a first EVALSHA that met
+        NOSCRIPT is not counted). For benchmarks and the simulator's cost figures."""
+        from fairq.server import info_per_node
+
+        totals: dict[str, int] = {}
+        for stats in (await self.read(info_per_node(self.client, "commandstats"))).values():
+            for name, row in stats.items():
+                command = str(name).removeprefix("cmdstat_")
+                if isinstance(row, dict):
+                    calls = int(row.get("calls", 0)) - int(row.get("failed_calls", 0))
+                    totals[command] = totals.get(command, 0) + calls
+        return totals
+
     async def server_time_ms(self) -> int:
         """The server's clock (ms): what every script's "now" is."""
         clock: Any = await self.read(self.client.time())
