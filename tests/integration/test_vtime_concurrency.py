@@ -1,5 +1,8 @@
 """Fair order under concurrency: several consumer processes, the op-count budget, and
-flag-on / flag-off processes sharing one server (mixed versions)."""
+flag-on / flag-off processes sharing one server (mixed versions).
+
+Ported to the two-level store: tenant tags live in V:tt (kept after a tenant drains),
+the floor in V:tfloor, the candidates in B:tq (see notes/migration.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
+from tests.state import fair_keys, tenant_tags
 
 from fairq.config import RunQueueConfig
 from fairq.keys import Environment
@@ -67,7 +71,8 @@ async def test_two_consumer_processes_one_base_queue_no_corruption(
 ) -> None:
     """Plan 15/16. Two spawned consumer processes drain 6 keys x 30 runs (env limit 4):
     every run is served exactly once, the floor sampled between script calls never
-    decreases, no variant's tag ever rewinds, and the vtime index ends empty."""
+    decreases, no tenant's tag ever rewinds, and the candidates (B:tq) end empty.
+    Adapted: drained tenants keep their tags in V:tt, each exactly 30 (one per serve)."""
     rq: RunQueue = await make_queue(vtime={"enabled": True})
     await rq.set_env_limits(env, concurrency=4)
     expected = set()
@@ -77,7 +82,7 @@ async def test_two_consumer_processes_one_base_queue_no_corruption(
             expected.add(run)
             await rq.enqueue(env, QUEUE, run, None, concurrency_key=f"k{k}",
                              available_at_ms=T0 + k * 1000 + i, now_ms=T0)  # fmt: skip
-    q = rq.keys.queue(env, QUEUE)
+    q, e = rq.keys.queue(env, QUEUE), rq.keys.env(env)
     floors: list[float] = []
     last_tag: dict[str, float] = {}
     ctx = multiprocessing.get_context("spawn")
@@ -91,10 +96,10 @@ async def test_two_consumer_processes_one_base_queue_no_corruption(
             await asyncio.sleep(0.01)
         await rq.client.set(f"{prefix}:go", 1)
         while not all(f.done() for f in futures):
-            raw = await rq.client.get(q.vtime_floor)
+            raw = await rq.client.get(e.tenant_floor)
             if raw is not None:
                 floors.append(float(raw))
-            for member, score in await rq.client.zrange(q.vtime, 0, -1, withscores=True):
+            for member, score in await rq.client.zrange(e.tenant_tags, 0, -1, withscores=True):
                 ck = _s(member)
                 assert score >= last_tag.get(ck, float("-inf")), f"tag of {ck} rewound"
                 last_tag[ck] = score
@@ -105,16 +110,17 @@ async def test_two_consumer_processes_one_base_queue_no_corruption(
     assert set(served) == expected
     assert all(r for r in results), "both consumers took part"
     assert floors == sorted(floors) and len(floors) > 5
-    assert await rq.client.zcard(q.vtime) == 0
+    assert await rq.client.zcard(q.ready_tenants) == 0
+    assert await tenant_tags(rq, env) == {f"k{k}": 30.0 for k in range(6)}
 
 
 async def test_concurrent_enqueue_during_dequeue_never_rewinds_a_tag(
     make_queue: Any, env: Environment
 ) -> None:
-    """Plan 16. Enqueues on a hot key interleaved with dequeue batches: its tag never
-    decreases (NX registration and advance-only writes)."""
+    """Plan 16. Enqueues on a hot key interleaved with dequeue batches: its tag (V:tt)
+    never decreases (registration never writes V:tt; serves only advance it)."""
     rq: RunQueue = await make_queue(vtime={"enabled": True})
-    q = rq.keys.queue(env, QUEUE)
+    e = rq.keys.env(env)
     seen: list[float] = []
     for r in range(40):
         for i in range(2):
@@ -125,7 +131,7 @@ async def test_concurrent_enqueue_during_dequeue_never_rewinds_a_tag(
         await rq.ack(
             await rq.dequeue_from_queue(env, QUEUE, keyed=True, max_count=3, now_ms=NOW), now_ms=NOW
         )
-        tag = await rq.client.zscore(q.vtime, "hot")
+        tag = await rq.client.zscore(e.tenant_tags, "hot")
         if tag is not None:
             seen.append(tag)
     assert seen == sorted(seen) and seen[-1] > 10
@@ -143,11 +149,12 @@ async def _total_calls(client: Any) -> int:
 
 
 async def _dequeue_calls_cost(
-    rq: RunQueue, env: Environment, data: list[tuple[str, str, int]], calls: int, max_count: int
+    rq: RunQueue, env: Environment, data: list[Row], calls: int, max_count: int
 ) -> tuple[int, int]:
     """Load data, then count the commands of `calls` dequeue calls (acks excluded)."""
-    for ck, run, at in data:
-        await rq.enqueue(env, QUEUE, run, None, concurrency_key=ck, available_at_ms=at, now_ms=at)
+    for ck, run, at, tenant in data:
+        await rq.enqueue(env, QUEUE, run, None, concurrency_key=ck, tenant=tenant,
+                         available_at_ms=at, now_ms=at)  # fmt: skip
     total = served = 0
     for _ in range(calls):
         await rq.client.config_resetstat()
@@ -158,23 +165,49 @@ async def _dequeue_calls_cost(
     return total, served
 
 
-def _steady_data() -> list[tuple[str, str, int]]:
-    return [(f"k{k:02d}", f"k{k:02d}-{i}", T0 + i * 100 + k) for k in range(20) for i in range(40)]
+#: (key, run, score, tenant) of one run to load.
+Row = tuple[str, str, int, str | None]
 
 
-def _churn_data() -> list[tuple[str, str, int]]:
+def _steady_data() -> list[Row]:
+    return [
+        (f"k{k:02d}", f"k{k:02d}-{i}", T0 + i * 100 + k, None) for k in range(20) for i in range(40)
+    ]
+
+
+def _churn_data() -> list[Row]:
     """Every key has 2 runs: most serves drain their key (parking on every drain)."""
-    return [(f"c{k:03d}", f"c{k:03d}-{i}", T0 + i * 1000 + k) for k in range(300) for i in range(2)]
+    return [
+        (f"c{k:03d}", f"c{k:03d}-{i}", T0 + i * 1000 + k, None)
+        for k in range(300)
+        for i in range(2)
+    ]
 
 
-@pytest.mark.parametrize("dataset", ["steady", "churn"])
+def _tenant_data() -> list[Row]:
+    """The tenant level: 6 named tenants x 5 keys x 12 runs (key sets, key floors), and
+    churning keys of their own (2 runs each: keys leave and join their tenant's set)."""
+    rows: list[Row] = [
+        (f"t{t}k{k}", f"t{t}k{k}-{i}", T0 + i * 100 + t * 5 + k, f"tenant{t}")
+        for t in range(6) for k in range(5) for i in range(12)
+    ]  # fmt: skip
+    rows += [
+        (f"t{t}c{k:02d}", f"t{t}c{k:02d}-{i}", T0 + i * 1000 + k, f"tenant{t}")
+        for t in range(6) for k in range(20) for i in range(2)
+    ]  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize("dataset", ["steady", "churn", "tenants"])
 @pytest.mark.parametrize("max_count", [1, 10])
 async def test_op_count_budget_per_dequeue_call(
     make_queue: Any, dataset: str, max_count: int
 ) -> None:
     """Plan 17. On identical data, 50 dequeue calls with the flag on cost at most
-    50 x (6 + 2 x max_count) more commands (INFO commandstats, Lua calls included)."""
-    data = _steady_data() if dataset == "steady" else _churn_data()
+    50 x (6 + 2 x max_count) more commands (INFO commandstats, Lua calls included) than
+    the age order. Adapted: includes the tenant level (named tenants with several keys:
+    key sets, key floors, tenant tags)."""
+    data = {"steady": _steady_data, "churn": _churn_data, "tenants": _tenant_data}[dataset]()
     off: RunQueue = await make_queue()
     on: RunQueue = await make_queue(vtime={"enabled": True})
     off_cost, off_served = await _dequeue_calls_cost(
@@ -229,23 +262,28 @@ async def test_flag_on_and_flag_off_processes_interleaved_lose_nothing(
 async def test_stale_vtime_keys_after_turning_the_flag_off_are_inert_and_expire(
     make_queue: Any, env: Environment
 ) -> None:
-    """Run with the flag on, then off: the age order ignores the leftover vtime keys
-    (same serve order as a queue that never had them), and every leftover key has a TTL."""
-    on: RunQueue = await make_queue(vtime={"enabled": True, "state_ttl_seconds": 600})
+    """Run with the flag on, then off: the age order ignores the leftover fair-order keys
+    (same serve order as a queue that never had them), and every leftover key has a TTL.
+    The flag-on process pins max_per_key_per_call 1 (the fair default is now the whole
+    call) so that it leaves the old state: one run served per key."""
+    on: RunQueue = await make_queue(
+        vtime={"enabled": True, "state_ttl_seconds": 600}, max_per_key_per_call=1
+    )
     for k in range(4):
         for i in range(5):
             await on.enqueue(env, QUEUE, f"k{k}-{i}", None, concurrency_key=f"k{k}",
                              available_at_ms=T0 + i * 10 + k, now_ms=T0)  # fmt: skip
     await on.ack(await on.dequeue_from_queue(env, QUEUE, keyed=True, max_count=10, now_ms=NOW))
-    q = on.keys.queue(env, QUEUE)
-    leftovers = [q.vtime, q.vtime_floor]
+    q, e = on.keys.queue(env, QUEUE), on.keys.env(env)
+    leftovers = [e.tenant_tags, e.tenant_floor, q.ready_tenants]
     assert all([await on.client.exists(k) for k in leftovers])
+    assert set(leftovers) <= set(await fair_keys(on))
     off: RunQueue = await make_queue()
     order = []
     for _ in range(4):
         batch = await off.dequeue_from_queue(env, QUEUE, keyed=True, max_count=1, now_ms=NOW)
         order += [d.run_id for d in batch]
         await off.ack(batch, now_ms=NOW)
-    assert order == ["k0-1", "k1-1", "k2-1", "k3-1"]  # head order, untouched by vtime
+    assert order == ["k0-1", "k1-1", "k2-1", "k3-1"]  # head order, untouched by the tags
     for key in leftovers:
         assert 0 < await on.client.ttl(key) <= 600
