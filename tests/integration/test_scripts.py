@@ -1,6 +1,6 @@
 """The script registry: one file per operation assembled with its includes (once each,
 in dependency order), a checked context per script, one reply vocabulary; calls go by
-SHA (reloading on NOSCRIPT) and a refused argument becomes a fairq exception in one place.
+FCALL (reloading a library the server lost) and a refused argument becomes a fairq exception in one place.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def test_every_reply_code_of_every_script_decodes_and_others_raise(
 async def test_a_script_runs_after_the_server_forgot_it(make_queue: Any, env: Environment) -> None:
     rq = await make_queue()
     await rq.enqueue(env, "q", "r1", {}, now_ms=1_000)
-    await rq.client.script_flush()
+    await rq.client.function_flush()
     assert [d.run_id for d in await rq.dequeue(1, now_ms=2_000)] == ["r1"]
 
 

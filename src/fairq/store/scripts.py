@@ -1,4 +1,11 @@
-"""The Lua script registry: loads ``lua/*.lua``, resolves includes, calls scripts by SHA.
+"""The Lua script registry: loads ``lua/*.lua``, resolves includes, calls them as functions.
+
+Each build of a script is a Redis/Valkey *function library* with one function, both
+named ``fairq_<operation>_<order>_<content hash>``: the helpers are defined once when the
+library loads (not on every call, which measured 35-80 us per call for an EVAL of the same
+text), and the versioned name lets processes of different versions share a server. A
+call is an ``FCALL``; a server that does not have the library (a restart without
+persistence, ``FUNCTION FLUSH``) gets it loaded and the call retried.
 
 A script file holds, top to bottom: its header (purpose, KEYS, ARGV, reply), the
 directives, its KEYS/ARGV bindings and its body. Directives:
@@ -34,7 +41,7 @@ from importlib import resources
 from typing import Any, Final, Literal
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
@@ -68,11 +75,13 @@ def _package_reader(relative: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A script's assembled text, and what it declared."""
+    """A script's assembled library text, and what it declared."""
 
     text: str
     context: tuple[str, ...]
     includes: tuple[str, ...]
+    #: The library's (and its one function's) name, versioned by its content.
+    function: str
 
 
 def _directives(text: str, where: str) -> list[tuple[str, list[str]]]:
@@ -176,26 +185,36 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
     prelude = read("include/prelude.lua")
     if prelude is None:
         raise ScriptLoadError(f"{name}: missing include 'prelude'")
-    parts = [
-        lua_status_table(),
-        lua_schema(fair=full_schema),
-        lua_options(),
-        lua_bindings(ordered_context),
-        _DIRECTIVE_RE.sub(lambda m: "", prelude),
-        *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
-    ]
-    head = "\n".join(parts)
+    module = "\n".join(
+        [
+            lua_status_table(),
+            lua_schema(fair=full_schema),
+            lua_options(),
+            _DIRECTIVE_RE.sub(lambda m: "", prelude),
+            *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
+        ]
+    )
     lines = text.splitlines()
-    # the prelude and includes go where '--@include prelude' stood; other directives vanish
-    out: list[str] = []
-    for line in lines:
-        if line.startswith("--@include prelude"):
-            out.append(head)
-        elif _DIRECTIVE_RE.match(line):
-            continue
-        else:
-            out.append(line)
-    return Source("\n".join(out) + "\n", ordered_context, tuple(emitted))
+    first = next(i for i, line in enumerate(lines) if _DIRECTIVE_RE.match(line))
+    start = next(i for i, line in enumerate(lines) if line.startswith("--@include prelude"))
+    header = "\n".join(lines[:first])
+    body = "\n".join(line for line in lines[start + 1 :] if not _DIRECTIVE_RE.match(line))
+    function = f"fairq_{name}_{order or 'any'}"
+    draft = _library(function, header, module, lua_bindings(ordered_context), body)
+    digest = hashlib.sha1(draft.encode("utf-8")).hexdigest()
+    versioned = f"{function}_{digest[:16]}"
+    library = _library(versioned, header, module, lua_bindings(ordered_context), body)
+    return Source(library, ordered_context, tuple(emitted), versioned)
+
+
+def _library(function: str, header: str, module: str, bindings: str, body: str) -> str:
+    """A Redis/Valkey function library holding one function: the helpers are defined once,
+    when the library loads; each call runs only the context bindings and the body."""
+    return (
+        f"#!lua name={function}\n{header}\n{module}\n"
+        f"redis.register_function('{function}', function(KEYS, ARGV)\n"
+        f"{bindings}\n{body}\nend)\n"
+    )
 
 
 def script_names(read_dir: Callable[[], list[str]] | None = None) -> list[str]:
@@ -210,11 +229,13 @@ def script_names(read_dir: Callable[[], list[str]] | None = None) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """One built script: its operation, order, expanded source, SHA1 and context names."""
+    """One built script: its operation, order, library source, function name, SHA1 and
+    context names."""
 
     operation: str
     order: Order | None
     source: str
+    function: str
     sha: str
     context: tuple[str, ...]
 
@@ -223,13 +244,16 @@ class Script:
         return self.operation if self.order is None else f"{self.operation}[{self.order}]"
 
     async def __call__(self, client: Any, keys: list[str], args: list[Any]) -> Any:
-        """Run by EVALSHA (loading on NOSCRIPT); map ``FQ<code>`` errors to exceptions."""
+        """Run by FCALL (loading the library when the server does not have it); map
+        ``FQ<code>`` errors to exceptions."""
         try:
             try:
-                return await client.evalsha(self.sha, len(keys), *keys, *args)
-            except NoScriptError:
+                return await client.fcall(self.function, len(keys), *keys, *args)
+            except ResponseError as exc:
+                if "function not found" not in str(exc).lower():
+                    raise
                 await self._load(client)
-                return await client.evalsha(self.sha, len(keys), *keys, *args)
+                return await client.fcall(self.function, len(keys), *keys, *args)
         except ResponseError as exc:
             text = str(exc)
             if "FQ" in text:
@@ -237,14 +261,17 @@ class Script:
             raise
 
     async def _load(self, client: Any) -> None:
-        if isinstance(client, RedisCluster):
-            # On every master: the client's idea of which node owns the slot may be stale
-            # right after a reshard, and a later call may land on another node anyway.
-            await client.execute_command(
-                "SCRIPT LOAD", self.source, target_nodes=RedisCluster.PRIMARIES
-            )
-        else:
-            await client.script_load(self.source)
+        try:
+            if isinstance(client, RedisCluster):
+                # On every master: the client's idea of which node owns the slot may be
+                # stale right after a reshard, and a later call may land on another node.
+                await client.execute_command(
+                    "FUNCTION", "LOAD", "REPLACE", self.source, target_nodes=RedisCluster.PRIMARIES
+                )
+            else:
+                await client.execute_command("FUNCTION", "LOAD", "REPLACE", self.source)
+        except ResponseError as exc:
+            raise ScriptLoadError(f"the server refused library {self.function}: {exc}") from exc
 
 
 class ScriptRegistry:
@@ -259,7 +286,9 @@ class ScriptRegistry:
             for order in orders:
                 source = assemble(name, order, read)
                 sha = hashlib.sha1(source.text.encode("utf-8")).hexdigest()
-                self._scripts[(name, order)] = Script(name, order, source.text, sha, source.context)
+                self._scripts[(name, order)] = Script(
+                    name, order, source.text, source.function, sha, source.context
+                )
 
     def get(self, operation: str, order: Order) -> Script:
         """The script for ``operation`` in ``order`` (its only build if it has no order)."""

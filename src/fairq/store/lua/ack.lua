@@ -31,7 +31,7 @@ Reply
 
 local FIELDS = 4
 local tag = KEYS[1]
-local count = arg_groups(FIRST_ARG, FIELDS, 'run')
+local count = arg_groups(ARGV, FIRST_ARG, FIELDS, 'run')
 local todo = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + r * FIELDS

@@ -26,7 +26,7 @@ Reply
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local count = arg_groups(FIRST_ARG + 1, 4, 'change')
+local count = arg_groups(ARGV, FIRST_ARG + 1, 4, 'change')
 local V = env_prefix(tag, env_id)
 
 local function check_value(target, queue, field, value)

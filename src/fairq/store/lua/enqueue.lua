@@ -41,7 +41,7 @@ local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
 local schedule = ARGV[FIRST_ARG + 2]
 local tick = arg_int(ARGV[FIRST_ARG + 3], 'schedule tick', 0, MAX_TIME_MS)
 if schedule ~= '' then arg_name(schedule, 'schedule name', 200) end
-local count = arg_groups(FIRST_ARG + 4, FIELDS, 'run')
+local count = arg_groups(ARGV, FIRST_ARG + 4, FIELDS, 'run')
 
 -- check every run before the first write
 local runs = {}

@@ -19,7 +19,7 @@ Reply
 
 local tag = KEYS[1]
 local lease_ms = arg_int(ARGV[FIRST_ARG], 'lease_ms', 1, 86400000)
-local count = arg_groups(FIRST_ARG + 1, 3, 'run')
+local count = arg_groups(ARGV, FIRST_ARG + 1, 3, 'run')
 local todo = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + 1 + r * 3

@@ -21,7 +21,7 @@ Reply
 --@include order
 
 local tag = KEYS[1]
-local count = arg_groups(FIRST_ARG, 2, 'run')
+local count = arg_groups(ARGV, FIRST_ARG, 2, 'run')
 local todo = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + r * 2

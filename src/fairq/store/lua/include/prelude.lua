@@ -65,9 +65,9 @@ local function arg_member(value)
   return value
 end
 
--- Pairs of ARGV from `first` on, checked: returns their count.
-local function arg_groups(first, size, what)
-  local extra = #ARGV - first + 1
+-- Groups of `size` arguments of `args` from `first` on, checked: returns their count.
+local function arg_groups(args, first, size, what)
+  local extra = #args - first + 1
   if extra < 0 or extra % size ~= 0 then
     fail(what .. ' arguments must come in groups of ' .. size)
   end
