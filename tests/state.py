@@ -39,12 +39,18 @@ async def tenant_tags(rq: RunQueue, env: Environment) -> dict[str, float]:
     """Every stored tenant tag of the env (V:tt), by encoded tenant (a key serving as
     its own tenant is its encoded key)."""
     raw = await rq.client.zrange(rq.keys.env(env).tenant_tags, 0, -1, withscores=True)
-    return {s(m): float(sc) for m, sc in raw}
+    return {s(m): float(sc) for m, sc in raw if s(m) != K.FLOOR_MEMBER}
 
 
 async def tenant_floor(rq: RunQueue, env: Environment) -> float | None:
-    raw = await rq.client.get(rq.keys.env(env).tenant_floor)
+    """The env's tenant virtual time (the ``~floor`` member of V:tt)."""
+    raw = await rq.client.zscore(rq.keys.env(env).tenant_tags, K.FLOOR_MEMBER)
     return None if raw is None else float(raw)
+
+
+async def delete_tenant_floor(rq: RunQueue, env: Environment) -> None:
+    """Lose the floor (as when its key expires) while the tags remain."""
+    await rq.client.zrem(rq.keys.env(env).tenant_tags, K.FLOOR_MEMBER)
 
 
 async def ready_tenants(rq: RunQueue, env: Environment, queue: str) -> dict[str, float]:
@@ -82,11 +88,10 @@ async def counters(rq: RunQueue, env: Environment, queue: str) -> tuple[int | No
 async def fair_keys(rq: RunQueue) -> list[str]:
     """Every fair-order key of this prefix (none may exist with the age order only)."""
     suffixes = (
-        f":{K.ENV_KEYS['tenant_tags']}", f":{K.ENV_KEYS['tenant_floor']}",
+        f":{K.ENV_KEYS['tenant_tags']}", f":{K.ENV_KEYS['tenant_weights']}",
         f":{K.QUEUE_KEYS['ready_tenants']}", f":{K.QUEUE_KEYS['key_floors']}",
         f":{K.QUEUE_KEYS['parked']}", f":{K.QUEUE_KEYS['parked_due']}",
-        f":{K.SHARD_KEYS['env_tags']}", f":{K.SHARD_KEYS['env_floor']}",
-        f":{K.TENANT_KEYS['keys']}",
+        f":{K.SHARD_KEYS['env_tags']}", f":{K.TENANT_KEYS['keys']}",
     )  # fmt: skip
     out = []
     async for key in rq.client.scan_iter(match="{" + rq.keys.prefix + ".*", count=1000):

@@ -34,8 +34,8 @@ Per shard (``T:<name>``)
   leases       ZSET  ``E:<run>`` -> lease deadline (ms, server clock)
   ttl          ZSET  ``E:<run>`` -> TTL deadline (ms)
   envs         SET   ``E`` of every environment seen on this shard
-  etag         ZSET  ``E`` -> the environment's virtual tag (fair order across environments)
-  efloor       STRING the shard's environment virtual time (monotonic)
+  etag         ZSET  ``E`` -> the environment's virtual tag (fair order across environments),
+                     and ``~floor`` -> the shard's environment virtual time (monotonic)
   eweights     HASH  ``E`` -> environment weight (sparse, default 1)
 Per run
   ``T:m:E:<run>``   HASH  the run: queue, key, tenant, payload, score, attempt, lease token…
@@ -48,8 +48,9 @@ Per environment (``V`` = ``T:e:E``, keys ``V:<name>``)
   dlq          ZSET  run id -> dead-lettered at (ms)
   gated        STRING set by a dequeue that left ready work behind a limit; the next
                      script that frees a slot wakes consumers (and deletes it)
-  tt           ZSET  tenant -> its virtual tag (fair order; active and parked tenants)
-  tfloor       STRING the environment's tenant virtual time (monotonic)
+  tt           ZSET  tenant -> its virtual tag (fair order; active and parked tenants),
+                     and ``~floor`` -> the environment's tenant virtual time (monotonic;
+                     no encoded name contains ``~``)
   tw           HASH  tenant -> weight (sparse, default 1)
   schedules    HASH  schedule name -> its last claimed tick (ms): each tick enqueues once
 Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
@@ -113,6 +114,8 @@ KIND_QUEUE: Final = "q"
 KIND_CK: Final = "ck"
 #: The flow name of a queue's keyless runs (no encoded key can be ``*``).
 KEYLESS_FLOW: Final = "*"
+#: The member of a virtual-tag index that holds its floor (no encoded name has ``~``).
+FLOOR_MEMBER: Final = "~floor"
 
 #: Per-shard keys: attribute -> suffix (``T:<suffix>``).
 SHARD_KEYS: Final = {
@@ -121,7 +124,6 @@ SHARD_KEYS: Final = {
     "ttl": "ttl",
     "envs": "envs",
     "env_tags": "etag",
-    "env_floor": "efloor",
     "env_weights": "eweights",
 }
 #: Per-environment keys: attribute -> suffix (``T:e:E:<suffix>``).
@@ -132,7 +134,6 @@ ENV_KEYS: Final = {
     "dlq": "dlq",
     "gated": "gated",
     "tenant_tags": "tt",
-    "tenant_floor": "tfloor",
     "tenant_weights": "tw",
     "schedules": "schedules",
 }
@@ -165,8 +166,7 @@ TENANT_KEYS: Final = {"keys": "keys"}
 #: them (so it can neither read nor write one), and their names never appear in it.
 FAIR_ORDER_KEYS: Final = frozenset(
     {
-        "env_tags", "env_floor", "env_weights", "tenant_tags", "tenant_floor",
-        "tenant_weights", "ready_tenants", "key_floors", "parked", "parked_due",
+        "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants", "key_floors", "parked", "parked_due",
         "key_weights",
     }
 )  # fmt: skip
@@ -355,7 +355,6 @@ class EnvKeys:
     dlq: str
     gated: str
     tenant_tags: str
-    tenant_floor: str
     tenant_weights: str
     schedules: str
     message_prefix: str
@@ -379,7 +378,6 @@ class ShardKeys:
     ttl: str
     envs: str
     env_tags: str
-    env_floor: str
     env_weights: str
     message_root: str
 

@@ -189,7 +189,9 @@ async def weight(env_name: str, queue: str, key: str, weight: str | None, url: s
     try:
         value = None if weight is None or weight.lower() == "none" else float(weight)
     except ValueError:
-        raise click.BadParameter(f"{weight!r} is not a number or 'none'", param_hint="WEIGHT") from None
+        raise click.BadParameter(
+            f"{weight!r} is not a number or 'none'", param_hint="WEIGHT"
+        ) from None
     rq = await open_queue(url)
     try:
         await rq.set_concurrency_key_weight(env, queue, key, value)

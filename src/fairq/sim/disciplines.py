@@ -18,9 +18,10 @@ quantum                  sfq, drr               virtual time per serve / DRR qua
 charge                   sfq                    ``count`` | ``duration`` (overrides the
                                                 scenario's ``charge``)
 window                   age, sfq               scan window multiplier
-max_per_key_per_call     age, sfq               serves per variant per call
+max_per_key_per_call     age, sfq               serves per variant per call (default:
+                                                the store's: age 1, sfq the whole call)
 per_key_cap              all                    real per-key gate (0 = none)
-total_cap                all                    driver-modelled total cap (0 = none)
+total_cap                all                    real total gate per base queue (0 = none)
 target, interval         codel                  standing-delay target and interval (steps)
 =======================  =====================  =============================================
 """

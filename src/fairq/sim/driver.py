@@ -1,25 +1,38 @@
 """The deterministic step harness: drives fairq's real scripts on a logical clock.
 
 One run = one scenario x one discipline x one seed, on a fresh key prefix. Step ``k``
-has the clock ``now_ms = BASE_MS + k x STEP_MS``; on each step, in this order:
+has the clock ``now_ms = BASE_MS + k x STEP_MS`` (one step is one second of logical
+time, so a rate of R runs per step is a server rate limit of R runs per second); on each
+step, in this order:
 
 1. runs whose hold has ended are acked (``RunQueue.ack``, logical clock);
-2. the messages arriving at this step are enqueued (``RunQueue.enqueue_many``);
-3. one batched dequeue: grain ``ck`` calls ``dequeue_from_queue(..., keyed=True)``,
-   grain ``queue`` calls ``dequeue(...)`` over the environment's queues (``age`` = the
-   flag off, ``sfq`` = the flag on; the scripts decide the order, the harness never does).
-   The reference models (``drr``, ``stride``) and CoDel's hoist instead choose one key
-   and serve it with a ``max_count`` 1 call of the age-order script (at grain ``ck`` by
-   re-scoring that variant's ``ckindex`` entry first, exactly as the seed's spike did);
+2. the messages arriving at this step are enqueued (``RunQueue.enqueue_many``), each to
+   its own environment and base queue, with its key and (when it is not the key's
+   default) its tenant;
+3. one batched dequeue: with one environment ``dequeue(n, env=..., queues=...)`` over
+   all of its base queues, with several ``dequeue(n)`` across them (the store's
+   selection strategy picks the environments); ``age`` is the age order, ``sfq`` the
+   fair order (the scripts decide the order, the harness never does). The reference
+   models (``drr``, ``stride``) and CoDel's hoist instead choose one key and serve it
+   with a ``max_count`` 1 ``RunQueue.dequeue_variant`` (the chosen flow's oldest run;
+   the fair order's state does not move);
 4. every delivered message is recorded with its step.
 
-Steps on which nothing can change are skipped (the previous call served nothing and no
-ack or arrival is due); nothing sleeps. The messages themselves (arrival steps,
-timestamps, holds, tenants, queues, environments) come from :mod:`fairq.sim.workload`.
+Every limit of the scenario is a real gate on the server, set before the first step:
+the environment limit and burst factor, ``per_key_cap`` / ``key_cap``
+(``set_queue_concurrency`` / ``set_key_concurrency``; grain ``queue``: the queue's own
+limit), ``tenant_cap`` (``set_tenant_concurrency``), ``total_cap``
+(``set_queue_total_concurrency``), ``rate`` (``set_rate_limit(..., key=...)``; grain
+``queue``: the queue's rate), ``borrow`` and ``charge`` (``set_queue_options``), and the
+tenant and key weights. The server's caps, totals and rates are per base queue: where a
+scenario's unit spans several queues (a capped tenant on several queues, a total cap
+over several queues, a rate-limited owner of several queues at grain ``queue``) each
+queue gets the limit, and :func:`per_queue_fields` names the field in the record's label.
 
-Scenario fields this driver does not apply to the server yet are listed by
-:func:`unapplied_fields`; a run behaves as if they were absent (every message in
-:data:`SIM_ENV`, at grain ``ck`` on :data:`CK_QUEUE`) and its record's label says so.
+Steps on which nothing can change are skipped (the previous call served nothing and no
+ack, arrival or time-gated run is due); nothing sleeps. The messages themselves (arrival
+steps, timestamps, holds, tenants, queues, environments) come from
+:mod:`fairq.sim.workload`.
 """
 
 from __future__ import annotations
@@ -27,26 +40,30 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
-from fairq.config import RunQueueConfig, VirtualTimeOptions
-from fairq.models import Delivery, EnqueueRequest
-from fairq.server import AnyRedis, info_per_node
+from fairq.config import MAX_LIMIT, RunQueueConfig, VirtualTimeOptions
+from fairq.keys import Environment
+from fairq.models import Delivery, DequeueBatch, EnqueueRequest
+from fairq.server import AnyRedis
 from fairq.sim.disciplines import CoDelState, Discipline, Model, make_model
 from fairq.sim.scenario import Scenario
-from fairq.sim.workload import CK_QUEUE, SIM_ENV, SimMessage, Workload, generate, now_of
+from fairq.sim.workload import STEP_MS, SimMessage, Workload, generate, now_of
 from fairq.store import RunQueue
 
 #: Lease long enough that no simulated hold ever loses it.
 SIM_LEASE_MS = 86_400_000
-#: Scenario fields the driver does not apply yet (see :func:`unapplied_fields`).
-NOT_APPLIED = (
-    "tenant", "tenant_weight", "queues", "envs", "key_cap", "tenant_cap", "rate", "borrow",
-    "charge",
-)  # fmt: skip
+#: Scenario fields the driver does not apply (see :func:`unapplied_fields`): none.
+NOT_APPLIED: tuple[str, ...] = ()
+#: Queues one dequeue call may name (the script's bound).
+MAX_QUEUES_PER_CALL: Final = 1000
 #: Commands that are the harness's own bookkeeping, not the queue's work.
-_UNCOUNTED = ("info", "config", "client", "hello", "ping", "script", "select", "auth", "command")
+_UNCOUNTED = (
+    "info", "config", "client", "hello", "ping", "script", "function", "select", "auth", "command",
+)  # fmt: skip
 
 
 def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
@@ -73,18 +90,41 @@ def unapplied_fields(scenario: Scenario, discipline: Discipline) -> list[str]:
     return [name for name in fields_in_use(scenario, discipline) if name in NOT_APPLIED]
 
 
+def _places(w: Workload, keys: Sequence[str]) -> set[tuple[Environment, str]]:
+    return {(w.key_env[k], q) for k in keys for q in w.key_queues[k]}
+
+
+def per_queue_fields(scenario: Scenario, discipline: Discipline, workload: Workload) -> list[str]:
+    """Limits the scenario puts on a unit that spans several base queues, which the
+    server applies per base queue instead (each queue gets the whole limit): a
+    ``tenant_cap`` of a tenant with work on several queues, a ``total_cap`` over several
+    queues, a ``rate`` of a key owning several queues (grain ``queue``)."""
+    w = workload
+    out = []
+    capped = [t for t, cap in w.tenant_cap.items() if cap > 0]
+    if any(len(_places(w, [k for k in w.keys if w.key_tenant[k] == t])) > 1 for t in capped):
+        out.append("tenant_cap")
+    if discipline.cap("total_cap", scenario.total_cap) and len(_places(w, w.keys)) > 1:
+        out.append("total_cap")
+    if any(len(_places(w, [k])) > 1 for k in w.key_rate):
+        out.append("rate")
+    return out
+
+
 @dataclass
 class Trace:
     """What one run did: the raw material of every metric and plot.
 
     ``serve_step``: the step of each message's first delivery; ``release_step``: the
     step that delivery's slot is released (acked), ``serve_step + hold``: the message
-    occupies a slot on the steps ``serve_step .. release_step - 1``.
+    occupies a slot on the steps ``serve_step .. release_step - 1``; ``served_from``: the
+    environment id and base queue that first delivery came from.
     """
 
     workload: Workload
     serve_step: dict[str, int] = field(default_factory=dict)
     release_step: dict[str, int] = field(default_factory=dict)
+    served_from: dict[str, tuple[str, str]] = field(default_factory=dict)
     deliveries: int = 0
     duplicates: int = 0
     dequeue_calls: int = 0
@@ -93,23 +133,19 @@ class Trace:
     truncated: bool = False
 
 
-async def command_calls(client: AnyRedis) -> int:
-    """Successful calls in INFO commandstats, summed over every master
-    (``calls - failed_calls``, so a first EVALSHA that meets NOSCRIPT is not counted),
-    minus the harness's own bookkeeping."""
-    total = 0
-    for stats in (await info_per_node(client, "commandstats")).values():
-        for name, row in stats.items():
-            command = str(name).removeprefix("cmdstat_")
-            if command.split("|", 1)[0] in _UNCOUNTED:
-                continue
-            if isinstance(row, dict):
-                total += int(row.get("calls", 0)) - int(row.get("failed_calls", 0))
-    return total
+async def command_calls(rq: RunQueue) -> int:
+    """Successful server commands so far (the store's INFO commandstats, summed over
+    every master), minus the harness's own bookkeeping."""
+    stats = await rq.command_stats()
+    return sum(n for name, n in stats.items() if name.split("|", 1)[0] not in _UNCOUNTED)
 
 
 class Simulation:
-    """One run of a scenario under a discipline and a seed on a fresh key prefix."""
+    """One run of a scenario under a discipline and a seed on a fresh key prefix.
+
+    ``client`` is the runner's connection (the store's; the harness reads the server's
+    command counts through the store).
+    """
 
     def __init__(
         self,
@@ -120,39 +156,34 @@ class Simulation:
         *,
         prefix: str,
     ) -> None:
-        self.client = client
         self.scenario = scenario
         self.discipline = discipline
         self.seed = seed
         self.prefix = prefix
         self.per_key_cap = discipline.cap("per_key_cap", scenario.per_key_cap)
         self.total_cap = discipline.cap("total_cap", scenario.total_cap)
+        self.fair = discipline.name == "sfq"
+        self.charge = discipline.charge(scenario.charge) if self.fair else "count"
         opts = discipline.options
+        per_key = opts.get("max_per_key_per_call")
         vtime = VirtualTimeOptions(
-            enabled=discipline.name == "sfq",
-            quantum=float(opts.get("quantum", 1.0)) if discipline.name == "sfq" else 1.0,  # type: ignore[arg-type]
+            enabled=self.fair,
+            quantum=float(opts.get("quantum", 1.0)) if self.fair else 1.0,  # type: ignore[arg-type]
             scan_window_multiplier=int(opts.get("window", 3)),  # type: ignore[call-overload]
             join_policy=str(opts.get("join", "floor")),  # type: ignore[arg-type]
             arrival_cap=float(opts.get("arrival_cap", 2.0**32)),  # type: ignore[arg-type]
+            charge_unit_ms=STEP_MS,
         )
         config = RunQueueConfig(
             prefix=prefix,
             shard_count=1,
             default_env_concurrency=scenario.env_concurrency,
             lease_ms=SIM_LEASE_MS,
-            max_per_key_per_call=int(opts.get("max_per_key_per_call", 1)),  # type: ignore[call-overload]
+            # the store's default unless the discipline sets it: age 1, fair the whole call
+            max_per_key_per_call=per_key if isinstance(per_key, int) else None,
             vtime=vtime,
         )
         self.rq = RunQueue(client, config, rng=random.Random(f"select/{scenario.name}/{seed}"))
-        # the age-order script, for the reference models' and CoDel's one-key serves
-        self.aged = RunQueue(
-            client,
-            RunQueueConfig(
-                prefix=prefix, shard_count=1, default_env_concurrency=scenario.env_concurrency,
-                lease_ms=SIM_LEASE_MS,
-            ),
-            rng=random.Random(0),
-        )  # fmt: skip
         self.workload = generate(scenario, seed)
         self.trace = Trace(self.workload)
         w = self.workload
@@ -168,62 +199,105 @@ class Simulation:
                 interval=discipline.codel.get("interval", 10),
             )
         self.by_id = {m.run_id: m for m in w.messages}
-        # grain ck: every variant on CK_QUEUE (the ``queues`` spread is not applied)
-        self.queue_of_key = (
-            w.key_queues if scenario.grain == "queue" else {k: [CK_QUEUE] for k in w.keys}
-        )
+        #: Every environment in use and its base queues.
+        self.env_queues = w.env_queues()
         # driver-side bookkeeping (never consulted by age/sfq, which the scripts order)
         self.waiting: dict[str, deque[SimMessage]] = {}
         for key in w.keys:
             for q in w.key_queues[key]:
                 self.waiting.setdefault(self._slot(key, q), deque())
-        self.busy: Counter[str] = Counter()
-        self.inflight_total = 0
+        self.busy: Counter[str] = Counter()  # per slot (key cap)
+        self.busy_tenant: Counter[tuple[Environment, str, str]] = Counter()  # tenant cap
+        self.busy_queue: Counter[tuple[Environment, str]] = Counter()  # total cap
+        self.busy_env: Counter[Environment] = Counter()  # env limit
         self.taken: set[str] = set()
+        #: Keys whose dequeue_variant served nothing this step (a gate the driver does
+        #: not model, such as a rate limit): the models pass them over until the next.
+        self.refused: set[str] = set()
 
     def _slot(self, key: str, queue: str) -> str:
         """The unit a per-key cap gates: the variant (grain ck) or the base queue."""
         return key if self.scenario.grain == "ck" else queue
 
+    def _named_tenant(self, m: SimMessage) -> str | None:
+        """The tenant to name at enqueue: None when it is the run's default (a key that is
+        its own tenant). At grain ``queue`` a key owns queues of keyless runs, whose
+        default tenant is the queue, so the key's tenant is always named."""
+        if self.scenario.grain == "ck" and m.tenant == m.key:
+            return None
+        return m.tenant
+
+    def key_cap_of(self, key: str) -> int:
+        """The key's cap (0 = none): its group's ``key_cap``, else ``per_key_cap``."""
+        if key in self.workload.key_cap:
+            return self.workload.key_cap[key]
+        return self.per_key_cap
+
     # ------------------------------------------------------------------ setup
 
     async def setup(self) -> None:
-        s = self.scenario
-        await self.rq.set_env_limits(
-            SIM_ENV, concurrency=s.env_concurrency, burst_factor=s.burst_factor
-        )
-        queues = sorted({q for qs in self.queue_of_key.values() for q in qs})
-        if self.per_key_cap:
-            for q in queues:
-                await self.rq.set_queue_concurrency(SIM_ENV, q, self.per_key_cap)
-        if s.grain == "ck":
-            for key, weight in self.workload.key_weight.items():
-                if weight != 1.0:
-                    await self.rq.set_concurrency_key_weight(SIM_ENV, CK_QUEUE, key, weight)
+        s, w, rq = self.scenario, self.workload, self.rq
+        for env, queues in self.env_queues.items():
+            await rq.set_env_limits(env, concurrency=s.env_concurrency, burst_factor=s.burst_factor)
+            options: dict[str, object] = {}
+            if self.per_key_cap:
+                options["concurrency"] = self.per_key_cap
+            if self.total_cap:
+                options["total"] = self.total_cap
+            if s.borrow:
+                options["borrow"] = True
+            if self.charge == "duration":
+                options["charge"] = "duration"
+            if options:
+                for q in queues:
+                    await rq.set_queue_options(env, q, **options)
+        for key in w.keys:
+            env = w.key_env[key]
+            queues = w.key_queues[key]
+            cap = w.key_cap.get(key)
+            if s.grain == "queue":
+                if cap is not None:
+                    for q in queues:
+                        await rq.set_queue_concurrency(env, q, cap or None)
+                rate = w.key_rate.get(key)
+                if rate is not None:
+                    for q in queues:
+                        await rq.set_queue_options(
+                            env, q, rate=rate.per_step, rate_burst=rate.burst
+                        )
+                continue
+            (q,) = queues
+            if cap is not None and (cap or self.per_key_cap):
+                # key_cap 0 = no cap for this key: above anything the env allows
+                await rq.set_key_concurrency(env, q, key, cap or MAX_LIMIT)
+            rate = w.key_rate.get(key)
+            if rate is not None:
+                await rq.set_rate_limit(env, q, rate.per_step, burst=rate.burst, key=key)
+            if w.key_tenant[key] != key and w.key_weight[key] != 1.0:
+                await rq.set_concurrency_key_weight(env, q, key, w.key_weight[key])
+        placed: dict[str, set[tuple[Environment, str]]] = defaultdict(set)
+        for key in w.keys:
+            placed[w.key_tenant[key]] |= _places(w, [key])
+        for tenant, places in placed.items():
+            weight = w.tenant_weight[tenant]
+            if weight != 1.0:
+                for env in sorted({env for env, _ in places}):
+                    await rq.set_tenant_weight(env, tenant, weight)
+            cap = w.tenant_cap.get(tenant)
+            if cap:
+                for env, q in sorted(places):
+                    await rq.set_tenant_concurrency(env, q, tenant, cap)
 
     async def cleanup(self) -> None:
-        """Delete every key of this run's prefix (single-key commands, cluster-safe)."""
-        batch: list[bytes] = []
-        async for key in self.client.scan_iter(match="{" + self.prefix + ".*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                await self._delete(batch)
-                batch = []
-        await self._delete(batch)
-
-    async def _delete(self, batch: list[bytes]) -> None:
-        if batch:
-            pipe = self.client.pipeline(transaction=False)
-            for key in batch:
-                pipe.unlink(key)
-            await pipe.execute()
+        """Delete every key of this run's prefix."""
+        await self.rq.purge()
 
     # ------------------------------------------------------------------ the loop
 
     async def run(self) -> Trace:
         """Run to completion (or ``steps_limit``) and return the trace."""
         await self.setup()
-        before = await command_calls(self.client)
+        before = await command_calls(self.rq)
         arrivals: dict[int, list[SimMessage]] = {}
         for m in self.workload.messages:
             arrivals.setdefault(m.arrival_step, []).append(m)
@@ -234,29 +308,31 @@ class Simulation:
         queued = 0
         step = arrival_steps[0] if arrival_steps else 0
         limit = self.scenario.steps_limit
+        rate_limited = bool(self.workload.key_rate)
         while step <= limit:
             now = now_of(step)
+            self.refused.clear()
             due: list[Delivery] = []
             while releases and releases[0][0] <= step:
                 due.append(heapq.heappop(releases)[2])
             if due:
                 await self.rq.ack(due, now_ms=now)
                 for d in due:
-                    m = self.by_id[d.run_id]
-                    self.busy[self._slot(m.key, m.queue)] -= 1
-                    self.inflight_total -= 1
+                    self._released(self.by_id[d.run_id])
             if next_arrival < len(arrival_steps) and arrival_steps[next_arrival] == step:
                 batch = arrivals[step]
                 next_arrival += 1
+                grain_ck = self.scenario.grain == "ck"
                 await self.rq.enqueue_many(
                     [
                         EnqueueRequest(
-                            SIM_ENV,
-                            m.queue if self.scenario.grain == "queue" else CK_QUEUE,
+                            m.env,
+                            m.queue,
                             m.run_id,
                             None,
-                            m.key if self.scenario.grain == "ck" else None,
+                            m.key if grain_ck else None,
                             available_at_ms=m.score_ms,
+                            tenant=self._named_tenant(m),
                         )
                         for m in batch
                     ],
@@ -266,8 +342,9 @@ class Simulation:
                     self.waiting[self._slot(m.key, m.queue)].append(m)
                 queued += len(batch)
             served = 0
+            wait_ms: int | None = None
             if queued:
-                delivered = await self.dequeue(step, now)
+                delivered, wait_ms = await self.dequeue(step, now)
                 sojourns: list[int] = []
                 for d in delivered:
                     m = self.by_id[d.run_id]
@@ -277,6 +354,7 @@ class Simulation:
                     else:
                         self.trace.serve_step[d.run_id] = step
                         self.trace.release_step[d.run_id] = step + m.hold
+                        self.trace.served_from[d.run_id] = (d.env.id, d.queue)
                         queued -= 1
                         served += 1
                         sojourns.append(step - m.arrival_step)
@@ -297,22 +375,30 @@ class Simulation:
                 candidates.append(arrival_steps[next_arrival])
             if releases:
                 candidates.append(releases[0][0])
+            if queued and wait_ms is not None:
+                # something held back (a delayed head, a rate limit's next token) is due
+                candidates.append(step + max(1, math.ceil(wait_ms / STEP_MS)))
+            elif queued and rate_limited and self._rate_limited_waiting():
+                # a rate-limited key with work gets its next token within 1/rate steps
+                candidates.append(step + 1)
             if not candidates:
                 break  # queued work that nothing can ever serve: reported as lost
             step = max(step + 1, min(candidates))
         else:
             self.trace.truncated = True
-        self.trace.commands = await command_calls(self.client) - before
+        self.trace.commands = await command_calls(self.rq) - before
         return self.trace
+
+    def _rate_limited_waiting(self) -> bool:
+        w = self.workload
+        return any(self._has_work(k) for k in w.key_rate)
 
     # ------------------------------------------------------------------ one step's dequeue
 
-    async def dequeue(self, step: int, now: int) -> list[Delivery]:
+    async def dequeue(self, step: int, now: int) -> tuple[list[Delivery], int | None]:
+        """This step's deliveries, and (when none) the store's hint of how long until
+        something held back is ready (ms)."""
         budget = self.scenario.max_count
-        if self.total_cap:
-            budget = min(budget, self.total_cap - self.inflight_total)
-        if budget <= 0:
-            return []
         out: list[Delivery] = []
         if self.codel is not None and self.codel.dropping:
             stalest = self._stalest()
@@ -320,29 +406,49 @@ class Simulation:
                 out += self._took(await self._serve_one(stalest, now))
         remaining = budget - len(out)
         if remaining <= 0:
-            return out
+            return out, None
         if self.model is None:
-            self.trace.dequeue_calls += 1
-            if self.scenario.grain == "ck":
-                got = await self.rq.dequeue_from_queue(
-                    SIM_ENV, CK_QUEUE, keyed=True, max_count=remaining, now_ms=now
-                )
-            else:
-                got = await self.rq.dequeue(remaining, now_ms=now)
-            return out + self._took(got)
+            batch = await self._dequeue_scripts(remaining, now)
+            return out + self._took(batch.deliveries), batch.wait_ms
         for _ in range(remaining):
-            ready = self._ready_keys()
-            backlogged = {k for k in self.workload.keys if self._has_work(k)}
-            key = self.model.pick(ready, backlogged)
-            if key is None:
-                break
-            got = self._took(await self._serve_one(key, now))
-            if not got:
-                break
+            while True:
+                ready = [k for k in self._ready_keys() if k not in self.refused]
+                backlogged = {k for k in self.workload.keys if self._has_work(k)}
+                key = self.model.pick(ready, backlogged)
+                if key is None:
+                    return out, None
+                got = self._took(await self._serve_one(key, now))
+                if got:
+                    break
+                # held back by a gate the driver does not model: not this step
+                self.refused.add(key)
             for d in got:
                 self.model.served(self.by_id[d.run_id].key)
             out += got
-        return out
+        return out, None
+
+    async def _dequeue_scripts(self, max_count: int, now: int) -> DequeueBatch:
+        """One dequeue through the scripts (age / sfq): one environment's queues, or
+        across the environments (the store's selection strategy)."""
+        self.trace.dequeue_calls += 1
+        if len(self.env_queues) > 1:
+            return await self.rq.dequeue_batch(max_count, now_ms=now)
+        ((env, queues),) = self.env_queues.items()
+        if len(queues) <= MAX_QUEUES_PER_CALL:
+            return await self.rq.dequeue_batch(max_count, env=env, queues=queues, now_ms=now)
+        got: list[Delivery] = []
+        wait: int | None = None
+        for start in range(0, len(queues), MAX_QUEUES_PER_CALL):
+            if len(got) >= max_count:
+                break
+            part = queues[start : start + MAX_QUEUES_PER_CALL]
+            batch = await self.rq.dequeue_batch(
+                max_count - len(got), env=env, queues=part, now_ms=now
+            )
+            got += batch.deliveries
+            if batch.wait_ms is not None:
+                wait = batch.wait_ms if wait is None else min(wait, batch.wait_ms)
+        return DequeueBatch(got, None if got else wait)
 
     def _took(self, delivered: list[Delivery]) -> list[Delivery]:
         """Driver bookkeeping for delivered runs: off the waiting lists, into the slots."""
@@ -357,25 +463,47 @@ class Simulation:
                 else:
                     q.remove(m)
             self.busy[slot] += 1
-            self.inflight_total += 1
+            self.busy_tenant[(m.env, m.queue, m.tenant)] += 1
+            self.busy_queue[(m.env, m.queue)] += 1
+            self.busy_env[m.env] += 1
         return delivered
 
+    def _released(self, m: SimMessage) -> None:
+        self.busy[self._slot(m.key, m.queue)] -= 1
+        self.busy_tenant[(m.env, m.queue, m.tenant)] -= 1
+        self.busy_queue[(m.env, m.queue)] -= 1
+        self.busy_env[m.env] -= 1
+
     def _has_work(self, key: str) -> bool:
-        return any(self.waiting[self._slot(key, q)] for q in self.queue_of_key[key])
+        return any(self.waiting[self._slot(key, q)] for q in self.workload.key_queues[key])
 
     def _open_slots(self, key: str) -> list[str]:
-        """The key's slots (variant or queues) with waiting work and room under the cap."""
-        slots = [self._slot(key, q) for q in self.queue_of_key[key]]
-        return [
-            s for s in dict.fromkeys(slots)
-            if self.waiting[s] and (not self.per_key_cap or self.busy[s] < self.per_key_cap)
-        ]  # fmt: skip
+        """The key's slots (variant or queues) with waiting work and room under the caps
+        the driver knows (key, tenant and total caps; the env limit is checked by
+        :meth:`_ready_keys`)."""
+        w = self.workload
+        env = w.key_env[key]
+        tenant = w.key_tenant[key]
+        cap = self.key_cap_of(key)
+        tenant_cap = w.tenant_cap.get(tenant, 0)
+        out = []
+        for q in dict.fromkeys(w.key_queues[key]):
+            s = self._slot(key, q)
+            if not self.waiting[s]:
+                continue
+            if cap and self.busy[s] >= cap:
+                continue
+            if tenant_cap and self.busy_tenant[(env, q, tenant)] >= tenant_cap:
+                continue
+            if self.total_cap and self.busy_queue[(env, q)] >= self.total_cap:
+                continue
+            out.append(s)
+        return out
 
     def _ready_keys(self) -> list[str]:
         limit = math.floor(self.scenario.env_concurrency * self.scenario.burst_factor)
-        if self.inflight_total >= limit:
-            return []
-        return [k for k in self.workload.keys if self._open_slots(k)]
+        w = self.workload
+        return [k for k in w.keys if self.busy_env[w.key_env[k]] < limit and self._open_slots(k)]
 
     def _stalest(self) -> str | None:
         best: tuple[int, int, int] | None = None
@@ -389,15 +517,15 @@ class Simulation:
         return choice
 
     async def _serve_one(self, key: str, now: int) -> list[Delivery]:
-        """Serve one message of ``key`` through the age-order script (``max_count`` 1)."""
+        """Serve the oldest run of ``key`` (``max_count`` 1) with ``dequeue_variant``: at
+        grain ``ck`` its variant, at grain ``queue`` its queue with the oldest head."""
         self.trace.dequeue_calls += 1
+        env = self.workload.key_env[key]
         if self.scenario.grain == "queue":
             slots = self._open_slots(key)
             if not slots:
                 return []
             queue = min(slots, key=lambda s: (self.waiting[s][0].score_ms, s))
-            return await self.aged.dequeue_from_queue(
-                SIM_ENV, queue, keyed=False, max_count=1, now_ms=now
-            )
-        # the reference models choose the key; the store serves that key's oldest run
-        return await self.aged.dequeue_variant(SIM_ENV, CK_QUEUE, key, max_count=1, now_ms=now)
+            return await self.rq.dequeue_variant(env, queue, None, max_count=1, now_ms=now)
+        (queue,) = self.workload.key_queues[key]
+        return await self.rq.dequeue_variant(env, queue, key, max_count=1, now_ms=now)

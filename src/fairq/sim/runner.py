@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from fairq.server import EmbeddedServer, connect
 from fairq.sim.disciplines import Discipline, parse_discipline
-from fairq.sim.driver import Simulation, Trace, unapplied_fields
+from fairq.sim.driver import Simulation, Trace, per_queue_fields, unapplied_fields
 from fairq.sim.metrics import Record, record
 from fairq.sim.scenario import Scenario
+from fairq.sim.workload import Workload, generate
 
 _run_counter = itertools.count()
 
@@ -31,21 +32,26 @@ class RunSpec:
     seed: int
 
 
-def discipline_label(scenario: Scenario, discipline: Discipline) -> str:
-    """The record's ``discipline``: the canonical spec plus the caps in force; a total cap
-    is marked as modelled by the driver (no server gate exists for it yet), and the
-    scenario fields the driver did not apply are listed (``(not applied: rate)``)."""
+def discipline_label(
+    scenario: Scenario, discipline: Discipline, workload: Workload | None = None
+) -> str:
+    """The record's ``discipline``: the canonical spec plus the caps in force (every one
+    a real gate on the server), the limits the server applies per base queue where the
+    scenario's unit spans several (``(per queue: tenant_cap)``, see
+    :func:`fairq.sim.driver.per_queue_fields`), and the scenario fields the driver did
+    not apply (``(not applied: rate)``). ``workload``: the run's (default: seed 0's;
+    where keys live does not depend on the seed)."""
     label = discipline.spec
     extra = []
     if scenario.per_key_cap and "per_key_cap" not in discipline.options:
         extra.append(f"per_key_cap={scenario.per_key_cap}")
-    total = discipline.cap("total_cap", scenario.total_cap)
     if scenario.total_cap and "total_cap" not in discipline.options:
         extra.append(f"total_cap={scenario.total_cap}")
     if extra:
         label += ("," if ":" in label.split("codel:")[-1] else ":") + ",".join(extra)
-    if total:
-        label += " (total_cap driver-modelled)"
+    per_queue = per_queue_fields(scenario, discipline, workload or generate(scenario, 0))
+    if per_queue:
+        label += f" (per queue: {', '.join(per_queue)})"
     unapplied = unapplied_fields(scenario, discipline)
     if unapplied:
         label += f" (not applied: {', '.join(unapplied)})"
@@ -79,7 +85,7 @@ async def run_one(url: str, spec: RunSpec) -> tuple[Record, Trace]:
     rec = record(
         trace,
         scenario=spec.scenario.name,
-        discipline=discipline_label(spec.scenario, spec.discipline),
+        discipline=discipline_label(spec.scenario, spec.discipline, trace.workload),
         seed=spec.seed,
     )
     return rec, trace

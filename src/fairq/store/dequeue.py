@@ -55,6 +55,7 @@ class DequeueOps(StoreCore):
         lease_ms: int | None = None,
         now_ms: int | None = None,
         kinds: str = "",
+        charge_env: bool = False,
     ) -> DequeueBatch:
         """One dequeue script call: up to ``max_count`` runs of ``env`` from ``queues``
         (``kinds``: "" all runs, "q" keyless only, "ck" keyed only)."""
@@ -64,7 +65,10 @@ class DequeueOps(StoreCore):
             return DequeueBatch([])
         lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)
         reply = await self.call_for_env(
-            "dequeue", env, [env.id, str(max_count), str(lease), kinds, *queues], now_ms
+            "dequeue",
+            env,
+            [env.id, str(max_count), str(lease), kinds, "1" if charge_env else "0", *queues],
+            now_ms,
         )
         self.decode("dequeue", reply[0])
         wait = int(reply[1])
@@ -115,8 +119,9 @@ class DequeueOps(StoreCore):
                         plan.env, [q for q in plan.queues if q in queues], plan.oldest_ms
                     )
                 batch = await self.dequeue_env(
-                    plan.env, plan.queues, max_count - len(out), lease_ms=lease_ms, now_ms=now_ms
-                )
+                    plan.env, plan.queues, max_count - len(out), lease_ms=lease_ms,
+                    now_ms=now_ms, charge_env=True,
+                )  # fmt: skip
                 out += batch.deliveries
                 gated = gated or batch.gated
                 if batch.wait_ms is not None:
@@ -217,8 +222,7 @@ class DequeueOps(StoreCore):
                 e = self.keys.env(env)
                 pipe.scard(e.inflight)
                 pipe.hmget(e.config, ["concurrency", "burst_factor"])
-            pipe.zmscore(s.env_tags, [e.id for e in envs])
-            pipe.get(s.env_floor)
+            pipe.zmscore(s.env_tags, [*(e.id for e in envs), K.FLOOR_MEMBER])
 
         replies = await self.pipeline(gates)
         busy: dict[Environment, int] = {}
@@ -229,7 +233,8 @@ class DequeueOps(StoreCore):
             c = int(conc) if conc is not None else self.config.default_env_concurrency
             b = float(burst) if burst is not None else self.config.default_burst_factor
             limit[env] = int(c * b)
-        tags_raw, floor_raw = replies[-2], replies[-1]
+        tags_raw = list(replies[-1] or [None] * (len(envs) + 1))
+        floor_raw = tags_raw.pop()
         tags: dict[Environment, float] | None = None
         if self.fair or floor_raw is not None or any(t is not None for t in tags_raw or []):
             floor = float(floor_raw) if floor_raw is not None else 0.0

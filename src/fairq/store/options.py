@@ -31,6 +31,9 @@ class Option:
     words: tuple[str, ...] = ()
     #: What it means, for ``fairq limits`` help and errors.
     help: str = ""
+    #: Kept by fairq itself (never set by a user): a flag the scripts read instead of
+    #: probing for a key.
+    internal: bool = False
 
     def encode(self, name: str, value: object) -> str:
         """The stored text of a valid value.
@@ -78,6 +81,7 @@ ENV_OPTIONS: Final[dict[str, Option]] = {
     "join": _JOIN,
     "arrival_cap": _ARRIVAL_CAP,
     "charge": _CHARGE,
+    "weights": Option("flag", internal=True, help="some tenant of the env has a weight"),
 }
 
 #: Options of one queue (stored as ``q:<queue>:<name>``).
@@ -100,6 +104,9 @@ QUEUE_OPTIONS: Final[dict[str, Option]] = {
     "join": _JOIN,
     "arrival_cap": _ARRIVAL_CAP,
     "charge": _CHARGE,
+    "weights": Option("flag", internal=True, help="some key of the queue has a weight"),
+    "overrides": Option("flag", internal=True, help="the queue has cap or rate overrides"),
+    "named": Option("flag", internal=True, help="some flow of the queue has a named tenant"),
 }
 
 #: A rate limit override of one key or tenant: ``rate:burst`` (runs per second, burst).

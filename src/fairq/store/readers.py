@@ -82,6 +82,7 @@ class ReaderOps(StoreCore):
 
         def build(pipe: Any) -> None:
             pipe.time()
+            pipe.scard(e.inflight)
             pipe.hmget(e.config, fields)
             for q in qkeys:
                 pipe.zcard(q.queued)
@@ -95,10 +96,13 @@ class ReaderOps(StoreCore):
         raw = await self.pipeline(build)
         clock: Any = raw[0]
         now = int(clock[0]) * 1000 + int(clock[1]) // 1000
-        config = raw[1]
+        env_running = int(raw[1])
+        config = raw[2]
+        raw = raw[1:]
         env_size, env_order, env_mpk, env_charge = (_opt(v) for v in config[:4])
         out: list[QueueStats] = []
         width = len(QUEUE_OPTIONS)
+        keyed_running: dict[str, int] | None = None
         for i, name in enumerate(queues):
             zq, si, ckq, ckr, idx, head, ckhead = raw[2 + i * 7 : 2 + i * 7 + 7]
             qc = dict(
@@ -108,6 +112,13 @@ class ReaderOps(StoreCore):
                     strict=True,
                 )
             )
+            # a missing counter while keyed runs exist (queued ones in the index; running
+            # ones, found in the env's in-flight set) is seeded from the truth
+            if ckr is None and not idx and env_running:
+                if keyed_running is None:
+                    keyed_running = await self._keyed_running(env)
+                if keyed_running.get(name):
+                    idx = 1
             if (ckq is None and idx) or (ckr is None and idx):
                 seeded = await self.call(
                     "seed_counters", "age", self.keys.tag_of(env), [env.id, name], None
@@ -144,14 +155,50 @@ class ReaderOps(StoreCore):
             )
         return out
 
+    async def _keyed_running(self, env: Environment) -> dict[str, int]:
+        """Keyed runs holding a slot, per queue, read from the env's in-flight runs."""
+        e = self.keys.env(env)
+        ids = [text_of(r) for r in await self.read(self.client.smembers(e.inflight))]
+
+        def owners(pipe: Any) -> None:
+            for run_id in ids:
+                pipe.hmget(e.message(run_id), ["q", "k"])
+
+        counts: dict[str, int] = {}
+        for queue, key in await self.pipeline(owners) if ids else []:
+            if queue is not None and key:
+                counts[text_of(queue)] = counts.get(text_of(queue), 0) + 1
+        return counts
+
     async def _variants(self, env: Environment, queue: str) -> list[VariantStats]:
         q = self.keys.queue(env, queue)
         e = self.keys.env(env)
-        indexed: Any = await self.read(
-            self.client.zrange(q.ck_index, 0, MAX_VARIANTS - 1, withscores=True)
-        )
+
+        def first(pipe: Any) -> None:
+            pipe.zrange(q.ck_index, 0, MAX_VARIANTS - 1, withscores=True)
+            pipe.smembers(e.inflight)
+
+        indexed, running_ids = await self.pipeline(first)
         names = [text_of(m) for m, _ in indexed]
         heads = {text_of(m): int(sc) for m, sc in indexed}
+        if running_ids:
+            # variants whose runs are all running have left the index: find them through
+            # the env's in-flight runs (bounded by its concurrency limit)
+            ids = sorted(text_of(r) for r in running_ids)
+
+            def owners(pipe: Any) -> None:
+                for run_id in ids:
+                    pipe.hmget(e.message(run_id), ["q", "k"])
+
+            extra = sorted(
+                {
+                    text_of(k)
+                    for qn, k in await self.pipeline(owners)
+                    if qn is not None and text_of(qn) == queue and k
+                }
+                - set(names)
+            )
+            names += extra[: max(0, MAX_VARIANTS - len(names))]
         if not names:
             return []
 
@@ -267,7 +314,7 @@ class ReaderOps(StoreCore):
 
         def build(pipe: Any) -> None:
             pipe.zrange(e.tenant_tags, 0, 999, withscores=True)
-            pipe.get(e.tenant_floor)
+            pipe.zscore(e.tenant_tags, K.FLOOR_MEMBER)
             pipe.hgetall(e.tenant_weights)
 
         entries, floor_raw, weights = await self.pipeline(build)
@@ -276,11 +323,12 @@ class ReaderOps(StoreCore):
         return [
             TenantTag(K.decode_tenant(text_of(m)), max(floor, float(sc)), w.get(text_of(m), 1.0))
             for m, sc in entries
+            if text_of(m) != K.FLOOR_MEMBER
         ]
 
     async def tenant_floor(self, env: Environment) -> float | None:
         """The environment's tenant virtual time (None before any fair serve)."""
-        raw = await self.read(self.client.get(self.keys.env(env).tenant_floor))
+        raw = await self.read(self.client.zscore(self.keys.env(env).tenant_tags, K.FLOOR_MEMBER))
         return None if raw is None else float(raw)
 
     # ------------------------------------------------------------------ dead letters, runs

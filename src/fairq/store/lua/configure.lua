@@ -29,11 +29,14 @@ local env_id = arg_env(ARGV[FIRST_ARG])
 local count = arg_groups(ARGV, FIRST_ARG + 1, 4, 'change')
 local V = env_prefix(tag, env_id)
 
+-- the internal flags are fairq's own (maintained below, never set by a caller)
+local INTERNAL = {weights = true, overrides = true, named = true}
+
 local function check_value(target, queue, field, value)
   if value == '' then return end
   if target == 'config' then
     local kind = queue == '' and ENV_OPTION_KIND[field] or QUEUE_OPTION_KIND[field]
-    if kind == nil then fail('unknown option ' .. field) end
+    if kind == nil or INTERNAL[field] then fail('unknown option ' .. field) end
     if kind == 'int' then
       arg_int(value, field, 0, UNLIMITED)
     elseif kind == 'float' then
@@ -73,13 +76,44 @@ for r = 0, count - 1 do
   end
   if type(field) ~= 'string' or #field == 0 or #field > 1024 then fail('bad field') end
   check_value(target, queue, ARGV[i + 2], value)
-  changes[#changes + 1] = {key, field, value}
+  changes[#changes + 1] = {key, field, value, target, queue}
 end
+local OVERRIDES = {'key_caps', 'tenant_caps', 'key_rates', 'tenant_rates'}
+local config = env_key(V, 'config')
 for _, c in ipairs(changes) do
   if c[3] == '' then
     redis.call('HDEL', c[1], c[2])
   else
     redis.call('HSET', c[1], c[2], c[3])
+  end
+end
+-- the internal flags the scripts read instead of probing for these hashes
+for _, c in ipairs(changes) do
+  local target, queue = c[4], c[5]
+  if target == 'tenant_weights' then
+    if redis.call('EXISTS', env_key(V, 'tenant_weights')) == 1 then
+      redis.call('HSET', config, 'weights', 1)
+    else
+      redis.call('HDEL', config, 'weights')
+    end
+  elseif target == 'key_weights' then
+    local B = queue_prefix(tag, env_id, queue)
+    if redis.call('EXISTS', queue_key(B, 'key_weights')) == 1 then
+      redis.call('HSET', config, config_field(queue, 'weights'), 1)
+    else
+      redis.call('HDEL', config, config_field(queue, 'weights'))
+    end
+  elseif QUEUE_TARGETS[target] then
+    local B = queue_prefix(tag, env_id, queue)
+    local any = false
+    for _, name in ipairs(OVERRIDES) do
+      if redis.call('EXISTS', queue_key(B, name)) == 1 then any = true end
+    end
+    if any then
+      redis.call('HSET', config, config_field(queue, 'overrides'), 1)
+    else
+      redis.call('HDEL', config, config_field(queue, 'overrides'))
+    end
   end
 end
 redis.call('PUBLISH', C.wake_channel, 'limits')

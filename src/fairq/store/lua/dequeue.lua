@@ -20,7 +20,9 @@ ARGV
   FIRST_ARG + 1  max_count (1..1000)
   FIRST_ARG + 2  lease (ms, 1..86400000)
   FIRST_ARG + 3  which runs: '' (all), 'q' (keyless only), 'ck' (keyed only)
-  FIRST_ARG + 4  queue names... (the candidates; at most 1000)
+  FIRST_ARG + 4  charge the environment's place among its shard's (1 / 0: only for a
+                 dequeue that chose this environment among others)
+  FIRST_ARG + 5  queue names... (the candidates; at most 1000)
 Reply
   {status, wait (ms from now until something held back becomes ready, -1 = nothing
    known), gated (1: ready work was left behind a limit), deliveries}
@@ -42,11 +44,13 @@ local env_id = arg_env(ARGV[FIRST_ARG])
 local max_count = arg_int(ARGV[FIRST_ARG + 1], 'max_count', 1, 1000)
 local lease_ms = arg_int(ARGV[FIRST_ARG + 2], 'lease_ms', 1, 86400000)
 local kinds = arg_word(ARGV[FIRST_ARG + 3], 'kinds', {'', KIND_QUEUE, KIND_CK})
+local charge_env = arg_int(ARGV[FIRST_ARG + 4], 'charge_env', 0, 1) == 1
 local queues = {}
-for i = FIRST_ARG + 4, #ARGV do queues[#queues + 1] = arg_name(ARGV[i], 'queue', 128) end
+for i = FIRST_ARG + 5, #ARGV do queues[#queues + 1] = arg_name(ARGV[i], 'queue', 128) end
 if #queues > 1000 then fail('at most 1000 queues per dequeue') end
 
 local X = state_new(C, tag)
+X.charge_env = charge_env
 local V = env_prefix(tag, env_id)
 local env, by_name = config_read(X, V, env_id, queues)
 if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, -1, 0, {}} end

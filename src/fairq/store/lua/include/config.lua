@@ -45,6 +45,11 @@ local function queue_config(X, env, name, raw, offset)
     key_rate = q.key_rate, key_rate_burst = q.key_rate_burst or 1,
     tenant_rate = q.tenant_rate, tenant_rate_burst = q.tenant_rate_burst or 1,
     borrow = q.borrow or false,
+    -- internal flags (configure.lua / runs.lua keep them): what a script need not probe
+    weighted = q.weights or false,
+    overrides = q.overrides or false,
+    named = q.named or false,
+    tenants_weighted = e.weights or false,
     order = q.order or e.order or C.default_order,
     max_per_key = q.max_per_key or e.max_per_key or default_per_key,
     quantum = q.quantum or e.quantum or C.default_quantum,

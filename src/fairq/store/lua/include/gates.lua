@@ -13,10 +13,13 @@ local function overrides(X, Q)
   if o then return o end
   X.overrides = X.overrides or {}
   o = {caps = {}, tcaps = {}, rates = {}, trates = {}}
-  o.has_caps = redis.call('EXISTS', queue_key(Q.B, 'key_caps')) == 1
-  o.has_tcaps = redis.call('EXISTS', queue_key(Q.B, 'tenant_caps')) == 1
-  o.has_rates = redis.call('EXISTS', queue_key(Q.B, 'key_rates')) == 1
-  o.has_trates = redis.call('EXISTS', queue_key(Q.B, 'tenant_rates')) == 1
+  -- the config's flag says whether the queue has any override (no probe when it has none)
+  if Q.overrides then
+    o.has_caps = redis.call('EXISTS', queue_key(Q.B, 'key_caps')) == 1
+    o.has_tcaps = redis.call('EXISTS', queue_key(Q.B, 'tenant_caps')) == 1
+    o.has_rates = redis.call('EXISTS', queue_key(Q.B, 'key_rates')) == 1
+    o.has_trates = redis.call('EXISTS', queue_key(Q.B, 'tenant_rates')) == 1
+  end
   X.overrides[Q.B] = o
   return o
 end

@@ -3,8 +3,10 @@
 --
 -- State (see fairq/keys.py):
 --   V:tt      tenant -> virtual tag (next start tag); kept while it drains (parked credit)
---   V:tfloor  the environment's virtual time: the start tag of the run most recently
---             begun; never decreases; a tenant (re)joins at max(floor, its stored tag)
+--   V:tt[~floor]  (a member no tenant can be named) the environment's virtual time: the
+--             start tag of the run most recently begun; never decreases; a tenant
+--             (re)joins at max(floor, its stored tag). Tags below it carry no credit and
+--             are pruned as it advances.
 --   B:tq      tenants with servable flows in queue B -> copy of their tag (a copy is
 --             never above the tag in V:tt; a stale copy is corrected when read)
 --   B:t:N:keys  only for a tenant that owns several flows in B: key -> tag inside it
@@ -47,20 +49,28 @@ end
 local function has_park(X, Q) return cached_exists(X, 'hpark', queue_key(Q.B, 'parked')) end
 local function has_parkdue(X, Q) return cached_exists(X, 'hparkdue', queue_key(Q.B, 'parked_due')) end
 
+--- The member of V:tt that holds the floor (encoded names never contain '~').
+local FLOOR_MEMBER = '~floor'
+--- Pruning tags below the floor and refreshing the state's TTL happen when the floor
+--- crosses a multiple of this much virtual time (not on every call).
+local TICK = 8
+
 local function tenant_floor(X, V)
   X.tfloor = X.tfloor or {}
   local f = X.tfloor[V]
   if f == nil then
-    local raw = redis.call('GET', env_key(V, 'tenant_floor'))
+    local tt = env_key(V, 'tenant_tags')
+    local raw = redis.call('ZSCORE', tt, FLOOR_MEMBER)
     local value
     if raw then
       value = tonumber(raw)
     else
       -- lost (expired or deleted) while tags remain: repair from the lowest stored tag
-      local low = redis.call('ZRANGE', env_key(V, 'tenant_tags'), 0, 0, 'WITHSCORES')
+      -- (tags below the floor are pruned as it advances, so this is near the floor)
+      local low = redis.call('ZRANGE', tt, 0, 0, 'WITHSCORES')
       value = #low > 0 and tonumber(low[2]) or 0
     end
-    f = {value = value, stored = raw ~= false and raw ~= nil, dirty = not raw}
+    f = {value = value, start = value, stored = raw ~= false and raw ~= nil}
     X.tfloor[V] = f
   end
   return f.value
@@ -68,21 +78,25 @@ end
 
 local function tenant_floor_raise(X, V, value)
   local f = X.tfloor[V]
-  if value > f.value then
-    f.value = value
-    f.dirty = true
-  end
+  if value > f.value then f.value = value end
+end
+
+-- Whether this call moved the floor across a tick (or created the state): time to prune
+-- and refresh TTLs.
+local function floor_ticked(X, V)
+  local f = X.tfloor[V]
+  return not f.stored or math.floor(f.value / TICK) > math.floor(f.start / TICK)
 end
 
 -- A tenant's weight: its own (V:tw), else, for a key serving as its own tenant, the
 -- key's weight in this queue (B:ckweights), else 1.
 local function tenant_weights(X, V, Q, tenants, simple_keys)
   local out = {}
-  if cached_exists(X, 'htw', env_key(V, 'tenant_weights')) and #tenants > 0 then
+  if Q.tenants_weighted and #tenants > 0 then
     local raw = call_list('HMGET', env_key(V, 'tenant_weights'), tenants)
     for i, t in ipairs(tenants) do out[t] = tonumber(raw[i]) end
   end
-  if Q ~= nil and #simple_keys > 0 and cached_exists(X, 'hkw', queue_key(Q.B, 'key_weights')) then
+  if #simple_keys > 0 and Q.weighted then
     local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), simple_keys)
     for i, k in ipairs(simple_keys) do
       if out[k] == nil then out[k] = tonumber(raw[i]) end
@@ -92,9 +106,7 @@ local function tenant_weights(X, V, Q, tenants, simple_keys)
 end
 
 local function key_weight(X, Q, flow)
-  if flow == KEYLESS_FLOW or not cached_exists(X, 'hkw', queue_key(Q.B, 'key_weights')) then
-    return 1
-  end
+  if flow == KEYLESS_FLOW or not Q.weighted then return 1 end
   return tonumber(redis.call('HGET', queue_key(Q.B, 'key_weights'), flow)) or 1
 end
 
@@ -171,15 +183,20 @@ end
 
 -- ------------------------------------------------------------------ parking
 
+--- A member parked by a cap comes back when one of its slots frees; this long after
+--- parking it is also re-checked (so a slot freed where nobody told the order, e.g. by
+--- an age-order build in a mixed deploy, cannot keep it out for good).
+local CAP_RECHECK_MS = 30000
+
+-- Park a member: 'c:' (held back by a cap; back on a freed slot) or 'd:' (held back
+-- by time; back when `due`).
 local function park(X, Q, member, tag, due)
   redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. tag)
   X.hpark = X.hpark or {}
   X.hpark[queue_key(Q.B, 'parked')] = true
-  if due then
-    redis.call('ZADD', queue_key(Q.B, 'parked_due'), due, member)
-    X.hparkdue = X.hparkdue or {}
-    X.hparkdue[queue_key(Q.B, 'parked_due')] = true
-  end
+  redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
+  X.hparkdue = X.hparkdue or {}
+  X.hparkdue[queue_key(Q.B, 'parked_due')] = true
   X.parked_now = true
 end
 
@@ -218,7 +235,7 @@ local function unpark(X, Q, member, value)
     register_pair(X, Q, tenant)
   end
   redis.call('HDEL', queue_key(Q.B, 'parked'), member)
-  if string.sub(value, 1, 1) == 'd' then redis.call('ZREM', queue_key(Q.B, 'parked_due'), member) end
+  redis.call('ZREM', queue_key(Q.B, 'parked_due'), member)
 end
 
 -- Time-gated tenants and keys whose time has come go back into the order.
@@ -337,11 +354,6 @@ local function key_better(a, b)
   return a.flow < b.flow
 end
 
-local function has_named(X, Q)
-  flow_tenants(X, Q, {})
-  return X.has_ftenant[Q.B]
-end
-
 -- The fair queues of one environment, served in one SFQ order over (tenant, queue)
 -- pairs. `heads` maps a queue name to its ready keyless head (or nil).
 local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
@@ -379,7 +391,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
     if #names > 0 then
       local auth = call_list('ZMSCORE', env_key(V, 'tenant_tags'), names)
-      local weights = tenant_weights(X, V, nil, names, {})
+      local weights = tenant_weights(X, V, queues[1], names, {})
       for i, T in ipairs(names) do
         ten[T] = {tag = tonumber(auth[i]), weight = weights[T], pairs = {}}
       end
@@ -490,7 +502,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     local Q = p.Q
     local kk = tenant_key(Q.B, p.T, 'keys')
     local entries = {}
-    if has_named(X, Q) then entries = redis.call('ZRANGE', kk, 0, budget + 8, 'WITHSCORES') end
+    if Q.named then entries = redis.call('ZRANGE', kk, 0, budget + 8, 'WITHSCORES') end
     if #entries == 0 then
       p.simple = true
       return
@@ -560,6 +572,14 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
   end
 
+  -- Whether the cap that holds a flow back counts slots it holds (else none can free).
+  local function holds_slot(Q, flow, tenant, named, why)
+    if why == 'tenant' and named then
+      return tenant_running(X, Q.B, Q.V, Q.env_id, Q.name, tenant) > 0
+    end
+    return flow_running(X, Q, flow) > 0
+  end
+
   -- The SFQ loop over the active pairs.
   local function serve_pairs()
     while served < budget do
@@ -595,6 +615,10 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         if take <= 0 then
           if why == 'total' or why == 'rate:queue' then
             qdone[Q.B] = true
+          elseif (why == 'key' or why == 'tenant') and not holds_slot(Q, flow, p.T, named, why) then
+            -- a cap at or below 0 holds it back: no slot of it can free, so it is not
+            -- parked (it waits for a settings change); this call skips it
+            if kc ~= nil and why == 'key' then kc.active = false else p.active = false end
           elseif why == 'key' and not p.simple then
             kc.active = false
             park_key(X, Q, p.T, flow, kc.tag, nil)
@@ -699,7 +723,12 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
   end
 
-  -- write the tags back: V:tt (authoritative), the copies in B:tq, key sets, floors
+  -- write the tags back: V:tt (authoritative, with the floor), the copies in B:tq, key
+  -- sets, key floors. TTLs are refreshed (and tags the floor passed pruned) on a tick.
+  tenant_floor_raise(X, V, floor)
+  local f = X.tfloor[V]
+  local tick = floor_ticked(X, V)
+  local tt = env_key(V, 'tenant_tags')
   local tt_args, by_queue = {}, {}
   for T, t in pairs(ten) do
     if t.touched then
@@ -707,9 +736,14 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       tt_args[#tt_args + 1] = T
     end
   end
-  if #tt_args > 0 then
-    call_chunked('ZADD', env_key(V, 'tenant_tags'), tt_args)
-    redis.call('EXPIRE', env_key(V, 'tenant_tags'), X.C.state_ttl)
+  if #tt_args > 0 or f.value > f.start or not f.stored then
+    tt_args[#tt_args + 1] = f.value
+    tt_args[#tt_args + 1] = FLOOR_MEMBER
+    call_chunked('ZADD', tt, tt_args)
+  end
+  if tick then
+    redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. f.value)
+    redis.call('EXPIRE', tt, X.C.state_ttl)
   end
   for _, p in ipairs(plist) do
     if p.ten.touched and not p.dropped then
@@ -721,8 +755,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   end
   for B, args in pairs(by_queue) do
     call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
-    redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl)
+    if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
   end
+  local floors = {}
   for _, ks in pairs(keysets) do
     local args = {}
     for _, k in ipairs(ks.keys) do
@@ -734,32 +769,36 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     local kk = tenant_key(ks.Q.B, ks.T, 'keys')
     if #args > 0 then
       call_chunked('ZADD', kk, args, 'XX')
-      redis.call('EXPIRE', kk, X.C.state_ttl)
+      if tick then redis.call('EXPIRE', kk, X.C.state_ttl) end
     end
     if ks.kf.dirty then
-      redis.call('HSET', queue_key(ks.Q.B, 'key_floors'), ks.T, ks.kf.value)
-      redis.call('EXPIRE', queue_key(ks.Q.B, 'key_floors'), X.C.state_ttl)
+      local list = floors[ks.Q.B] or {}
+      floors[ks.Q.B] = list
+      list[#list + 1] = ks.T
+      list[#list + 1] = ks.kf.value
     end
   end
-  tenant_floor_raise(X, V, floor)
-  local f = X.tfloor[V]
-  if f.dirty or served > 0 then
-    redis.call('SET', env_key(V, 'tenant_floor'), f.value, 'EX', X.C.state_ttl)
+  for B, list in pairs(floors) do
+    redis.call('HSET', queue_key(B, 'key_floors'), unpack(list))
+    if tick then redis.call('EXPIRE', queue_key(B, 'key_floors'), X.C.state_ttl) end
   end
   return served
 end
 
 -- The environment's place in the fair order across the environments of its shard.
+-- (Only for dequeues that chose this environment among the shard's: a dequeue limited
+-- to one environment, a worker's, does not compete with the others.) The shard's
+-- environment virtual time is the member '~floor' of T:etag.
 local function env_charge(X, env, served)
-  if served <= 0 then return end
-  local etag, efloor = shard_key(X.tag, 'env_tags'), shard_key(X.tag, 'env_floor')
-  local floor = tonumber(redis.call('GET', efloor) or '0')
-  local tag = tonumber(redis.call('ZSCORE', etag, env.env_id) or floor)
+  if served <= 0 or not X.charge_env then return end
+  local etag = shard_key(X.tag, 'env_tags')
+  local got = redis.call('ZMSCORE', etag, env.env_id, FLOOR_MEMBER)
+  local floor = tonumber(got[2]) or 0
+  local tag = tonumber(got[1]) or floor
   if tag < floor then tag = floor end
   local weight = tonumber(redis.call('HGET', shard_key(X.tag, 'env_weights'), env.env_id)) or 1
-  redis.call('ZADD', etag, tag + served / weight, env.env_id)
+  redis.call('ZADD', etag, tag + served / weight, env.env_id, math.max(floor, tag), FLOOR_MEMBER)
   redis.call('EXPIRE', etag, X.C.state_ttl)
-  if tag > floor then redis.call('SET', efloor, tag, 'EX', X.C.state_ttl) end
 end
 
 -- Serve the ready heads of one environment: the fair queues together in one SFQ order

@@ -61,6 +61,16 @@ local function heads_rebalance(X, B, env_id, queue, kind)
   end
 end
 
+-- A flow that became non-empty with a named tenant: record it (and flag the queue, so
+-- scripts know to look for named tenants there).
+local function record_named(Q, flow, tenant)
+  redis.call('HSET', queue_key(Q.B, 'flow_tenants'), flow, tenant)
+  if not Q.named then
+    redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'named'), 1)
+    Q.named = true
+  end
+end
+
 -- Put a run (whose hash already says where it belongs) into its queue at `score`.
 -- `tenant` is the tenant its enqueue named ('' = none). Returns 1 if it was added.
 local function place_queued(X, Q, ck, run, score, tenant)
@@ -70,9 +80,7 @@ local function place_queued(X, Q, ck, run, score, tenant)
     local change = heads_place(X, Q, KIND_QUEUE, score)
     if change then
       X.wake = true
-      if change == 'new' and tenant ~= '' then
-        redis.call('HSET', queue_key(Q.B, 'flow_tenants'), flow, tenant)
-      end
+      if change == 'new' and tenant ~= '' then record_named(Q, flow, tenant) end
       HOOK.flow_queued(X, Q, flow, score, tenant, change == 'new')
     end
     return added
@@ -84,9 +92,7 @@ local function place_queued(X, Q, ck, run, score, tenant)
   if head == nil or score < head then
     redis.call('ZADD', index, score, ck)
     if heads_place(X, Q, KIND_CK, score) then X.wake = true end
-    if head == nil and tenant ~= '' then
-      redis.call('HSET', queue_key(Q.B, 'flow_tenants'), flow, tenant)
-    end
+    if head == nil and tenant ~= '' then record_named(Q, flow, tenant) end
     HOOK.flow_queued(X, Q, flow, score, tenant, head == nil)
   end
   return added

@@ -15,13 +15,8 @@ end
 -- The named tenant of each listed flow of Q (false where none is recorded).
 local function flow_tenants(X, Q, flows)
   local out = {}
-  X.has_ftenant = X.has_ftenant or {}
-  local present = X.has_ftenant[Q.B]
-  if present == nil then
-    present = redis.call('EXISTS', queue_key(Q.B, 'flow_tenants')) == 1
-    X.has_ftenant[Q.B] = present
-  end
-  if present and #flows > 0 then
+  -- the config's flag says whether any flow of the queue ever had a named tenant
+  if Q.named and #flows > 0 then
     local raw = call_list('HMGET', queue_key(Q.B, 'flow_tenants'), flows)
     for i, flow in ipairs(flows) do out[flow] = raw[i] or false end
   end
