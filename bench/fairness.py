@@ -31,10 +31,10 @@ SEED_NAMES = {
     "codel:sfq": "codel(sfq)",
     "codel:age": "codel(baseline)",
     "age:per_key_cap=2": "perKeyCap",
-    "age:total_cap=2 (total_cap driver-modelled)": "totalCap",
-    "age:per_key_cap=2,total_cap=2 (total_cap driver-modelled)": "total+perKey",
+    "age:total_cap=2": "totalCap",
+    "age:per_key_cap=2,total_cap=2": "total+perKey",
     "sfq:per_key_cap=2": "perKeyCap+sfq",
-    "sfq:per_key_cap=2,total_cap=2 (total_cap driver-modelled)": "total+perKey+sfq",
+    "sfq:per_key_cap=2,total_cap=2": "total+perKey+sfq",
 }
 
 #: The group whose wait is the headline (the key the seed calls light / starved).

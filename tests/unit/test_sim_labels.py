@@ -1,5 +1,5 @@
 """Which scenario fields a run uses, and how its record's label names the ones the
-driver did not apply (no server)."""
+driver did not apply or applies per base queue (no server)."""
 
 from __future__ import annotations
 
@@ -62,31 +62,79 @@ def test_scenarios_without_the_new_fields_keep_their_labels() -> None:
     assert checked == len(old)
     skew = resolve_scenario("ckSkew")
     assert discipline_label(skew, parse_discipline("age:per_key_cap=2")) == "age:per_key_cap=2"
-    assert discipline_label(skew, parse_discipline("sfq:total_cap=2")) == (
-        "sfq:total_cap=2 (total_cap driver-modelled)"
-    )
+    # a total cap is a real gate now (set_queue_total_concurrency): nothing to flag on
+    # one queue
+    assert discipline_label(skew, parse_discipline("sfq:total_cap=2")) == "sfq:total_cap=2"
 
 
-def test_a_label_names_the_fields_the_driver_did_not_apply() -> None:
+def test_the_driver_applies_every_field() -> None:
+    assert driver.NOT_APPLIED == ()
+    for s in builtin_scenarios():
+        for spec in s.disciplines:
+            assert unapplied_fields(s, parse_discipline(spec)) == []
+
+
+def test_a_label_names_the_fields_the_driver_did_not_apply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     queues = resolve_scenario("tenantQueues")
+    charge = resolve_scenario("chargeLongShort")
+    borrow = resolve_scenario("borrowLoneKey")
+    # every field applied: the labels carry nothing
+    assert discipline_label(queues, parse_discipline("age")) == "age"
+    assert discipline_label(charge, parse_discipline("sfq")) == "sfq"
+    assert discipline_label(charge, parse_discipline("sfq:charge=duration")) == (
+        "sfq:charge=duration"
+    )
+    assert discipline_label(borrow, parse_discipline("sfq:total_cap=3")) == "sfq:total_cap=3"
+    # a driver that does not apply some fields names those a run uses
+    monkeypatch.setattr(driver, "NOT_APPLIED", ("tenant", "queues", "key_cap", "borrow", "charge"))
     assert discipline_label(queues, parse_discipline("age")) == (
         "age (not applied: tenant, queues)"
     )
-    charge = resolve_scenario("chargeLongShort")
     assert discipline_label(charge, parse_discipline("sfq")) == "sfq"
     assert discipline_label(charge, parse_discipline("sfq:charge=duration")) == (
         "sfq:charge=duration (not applied: charge)"
     )
-    borrow = resolve_scenario("borrowLoneKey")
     assert discipline_label(borrow, parse_discipline("sfq:total_cap=3")) == (
-        "sfq:total_cap=3 (total_cap driver-modelled) (not applied: key_cap, borrow)"
+        "sfq:total_cap=3 (not applied: key_cap, borrow)"
     )
+
+
+def test_a_label_names_the_limits_the_server_applies_per_queue() -> None:
+    # tenant t (capped at 3) has keys on 2 queues x 2 environments: each queue caps it
+    s = loads_scenario(EVERYTHING)
+    assert discipline_label(s, parse_discipline("sfq")) == "sfq (per queue: tenant_cap)"
+    # a total cap over the 9 queues of tenantQueues is each queue's
+    queues = resolve_scenario("tenantQueues")
+    assert discipline_label(queues, parse_discipline("age:total_cap=2")) == (
+        "age:total_cap=2 (per queue: total_cap)"
+    )
+    # grain queue: a rate of a key owning two queues is each queue's
+    owner = loads_scenario(
+        """
+        grain = "queue"
+        [[groups]]
+        name = "owner"
+        keys = 1
+        queues_per_key = 2
+        rate = 0.5
+        messages_per_key = 4
+        arrival = "backlog"
+        """
+    )
+    assert discipline_label(owner, parse_discipline("age")) == "age (per queue: rate)"
+    # on one queue nothing is flagged
+    rated = resolve_scenario("rateLimited")
+    assert discipline_label(rated, parse_discipline("sfq:total_cap=3")) == "sfq:total_cap=3"
 
 
 def test_a_field_the_driver_applies_leaves_the_label(monkeypatch: pytest.MonkeyPatch) -> None:
     s = loads_scenario(EVERYTHING)
     monkeypatch.setattr(driver, "NOT_APPLIED", ("rate",))
     assert unapplied_fields(s, parse_discipline("sfq")) == ["rate"]
-    assert discipline_label(s, parse_discipline("sfq")) == "sfq (not applied: rate)"
+    assert discipline_label(s, parse_discipline("sfq")) == (
+        "sfq (per queue: tenant_cap) (not applied: rate)"
+    )
     monkeypatch.setattr(driver, "NOT_APPLIED", ())
-    assert discipline_label(s, parse_discipline("sfq")) == "sfq"
+    assert discipline_label(s, parse_discipline("sfq")) == "sfq (per queue: tenant_cap)"
