@@ -15,6 +15,7 @@ import pytest
 from fairq.config import RunQueueConfig
 from fairq.consumer import Consumer
 from fairq.keys import Environment
+from fairq.outcomes import RunStatus
 from fairq.server import EmbeddedServer, connect, is_cluster_url
 from fairq.store import RunQueue
 
@@ -166,7 +167,7 @@ async def test_maintenance_reclaims_lapsed_leases(make_queue: Any, env: Environm
     consumer = await started(rq, idle_timeout=30, maintenance_interval=0.1)
     try:
         (d,) = await asyncio.wait_for(consumer.next_batch(10), 5)
-        assert (d.run_id, d.delivery) == ("r1", lost.delivery + 1)
+        assert (d.run_id, d.lease_token) == ("r1", lost.lease_token + 1)
     finally:
         await consumer.close()
 
@@ -183,7 +184,7 @@ async def test_maintenance_runs_on_its_timer_while_waiting(
     try:
         task = await waiting(consumer)  # asleep: nothing queued, nothing due
         (d,) = await asyncio.wait_for(task, 5)
-        assert (d.run_id, d.delivery) == ("r1", lost.delivery + 1)
+        assert (d.run_id, d.lease_token) == ("r1", lost.lease_token + 1)
         assert 0.5 <= time.perf_counter() - t < 1.5
     finally:
         await consumer.close()
@@ -202,7 +203,7 @@ async def test_a_long_interval_consumer_does_not_hold_off_maintenance(
         await lazy.maintain()  # takes the lock first
         t = time.perf_counter()
         (d,) = await asyncio.wait_for(busy.next_batch(10), 5)
-        assert (d.run_id, d.delivery) == ("r1", lost.delivery + 1)
+        assert (d.run_id, d.lease_token) == ("r1", lost.lease_token + 1)
         assert time.perf_counter() - t < 2.0
     finally:
         await lazy.close()
@@ -215,8 +216,12 @@ async def test_maintenance_expires_ttls(make_queue: Any, env: Environment) -> No
     consumer = await started(rq, idle_timeout=0.1, maintenance_interval=0.1)
     try:
         assert await consumer.next_batch(10, timeout=0.5) == []
-        runs, _ = await rq.read_expired()
-        assert [r.run_id for r in runs] == ["r1"]
+        # expiry leaves an outcome (no stream any more) and a recent-runs entry
+        info = await rq.get_run(env, "r1")
+        assert info is not None and info.status is RunStatus.EXPIRED
+        assert [(r.run_id, r.status) for r in await rq.recent_runs(env, "q")] == [
+            ("r1", RunStatus.EXPIRED)
+        ]
     finally:
         await consumer.close()
 

@@ -44,7 +44,7 @@ async def _consume(
                     continue
                 statuses = await rq.ack(batch)
                 acked += [
-                    (d.run_id, d.delivery)
+                    (d.run_id, d.lease_token)
                     for d, status in zip(batch, statuses, strict=True)
                     if status is AckStatus.ACKED
                 ]
@@ -64,7 +64,7 @@ async def _hold(url: str, prefix: str, held: Any) -> None:
     rq = RunQueue(await connect(url), RunQueueConfig(prefix=prefix, lease_ms=500))
     async with Consumer(rq, idle_timeout=0.2, maintenance_interval=0.1) as consumer:
         batch = await consumer.next_batch(20, timeout=10)
-        held.put([(d.run_id, d.delivery) for d in batch])
+        held.put([(d.run_id, d.lease_token) for d in batch])
         await asyncio.sleep(3600)  # never acks, never heartbeats: killed here
 
 
