@@ -1,276 +1,715 @@
-"""A pure-Python reference model of the concurrency-key dequeue of one base queue.
+"""A pure-Python reference model of the two-level fair order of one environment.
 
-It implements the same discipline as ``dequeue_ck.lua`` (age order) and
-``dequeue_ck_vtime.lua`` + ``hooks_vtime.lua`` (start-time fair queueing), written
-from the specification rather than from the Lua, so the integration tests can run
-random workloads through both and compare the serve order step by step.
+Written from notes/fair_spec.md (the fair order's semantics as specified), not by
+transliterating the Lua, so tests/integration/test_vtime_model.py can run random
+workloads through the model and the real scripts and compare them serve by serve.
 
-The discipline (fair order):
+Scope (fair order): several queues of one environment served by one dequeue call;
+keyed flows and keyless flows (``*``); default tenants (a key is its own tenant,
+keyless runs belong to ``/<queue>``) and named tenants (a pair with a key set); key and
+tenant weights; per-key caps (queue concurrency, key cap overrides) and per-tenant caps
+(parking on a cap, unparking when a slot of the key / tenant frees); ``max_per_key``;
+the join policies ``floor`` and ``behind_leader``; the tenant floor (start tag of the
+run most recently begun, read-repaired from V:tt when lost) and the key floors;
+delayed heads (parked until due); the candidate window and discovery.
 
-* Every variant with queued runs has a virtual start tag; the floor is monotonic.
-* A new variant joins at the floor (``floor``) or one quantum behind the highest tag,
-  at most ``arrival_cap`` above the floor (``behind_leader``). A variant that drained
-  earlier returns at ``max(floor, parked tag)``.
-* One dequeue call: ``n = min(max_count, env limit x burst - env busy)``;
-  ``window = n x multiplier``; tags below the floor count as the floor; variants
-  whose head is in the future are skipped, variants with nothing queued are dropped
-  (and their tags parked), and the rest are served lowest
-  tag first, ties to the oldest head, then the name; each serve advances the tag by
-  ``quantum / weight``; a variant is served at most ``max_per_key`` times per call and
-  is dropped for the call when gated or when its next head is not ready.
-* Candidates are the ``2 x window`` lowest tags plus the ``max(2 x window, 3 n)``
-  oldest ready heads (discovery: a variant without a tag is registered at
-  ``max(floor, parked)``); because every ready variant the age order would look at is
-  a candidate, no separate age-order fill can serve more.
-* The floor becomes ``max(stored, lowest stored tag, lowest tag served)``.
+The age order of one queue's keyed runs is modelled too (:meth:`SfqModel.dequeue_age`).
 
-Not modelled: TTL expiry, stale message hashes, several queues per environment.
+Not modelled: TTL expiry, cancel, stale run hashes, total caps, rate limits, borrowing,
+pausing, duration charging, burst factors other than 1, the age-order queues of a
+mixed call, and a tenant named like a key of another tenant.
+
+Two details of the stored representation are part of the observable state and so are
+modelled: a parked tag is stored as text with 14 significant digits (``'c:'`` / ``'d:'``
++ tag), and the candidate window / discovery read sorted sets in Redis order (score,
+then member bytes).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
 
-Mode = Literal["age", "fair"]
+INF = math.inf
+KEYLESS = "*"
+#: The scripts' "unlimited" (a queue without a concurrency limit).
+UNLIMITED = 1_000_000_000
+
+
+def default_tenant(queue: str, flow: str) -> str:
+    """The tenant of a flow whose runs name none: the key itself, or ``/<queue>``."""
+    return "/" + queue if flow == KEYLESS else flow
+
+
+def park_text(kind: str, tag: float) -> str:
+    """The stored text of a parked tag (``c`` cap, ``d`` due): 14 significant digits."""
+    return f"{kind}:{tag:.14g}"
 
 
 @dataclass
-class _Cand:
-    ck: str
-    key: float
-    tie: float = 0.0
-    weight: float = 1.0
-    served: int = 0
+class Run:
+    queue: str
+    flow: str
+    tenant: str  # the tenant its enqueue named ('' = none)
+    score: int
+    ta: str = ""  # the named tenant whose slot it holds while running ('' = none)
+
+
+@dataclass
+class QueueModel:
+    """One queue's runs and its part of the fair order's state."""
+
+    name: str
+    concurrency: int | None = None
+    queued: dict[str, dict[str, int]] = field(default_factory=dict)  # flow -> run -> score
+    inflight: dict[str, set[str]] = field(default_factory=dict)  # flow -> runs
+    trunning: dict[str, int] = field(default_factory=dict)  # named tenant -> runs in flight
+    ftenant: dict[str, str] = field(default_factory=dict)  # flow -> named tenant
+    tq: dict[str, float] = field(default_factory=dict)  # tenant -> tag copy
+    keysets: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant -> key -> tag
+    kfloor: dict[str, float] = field(default_factory=dict)  # tenant -> key floor
+    park: dict[str, str] = field(default_factory=dict)  # 't:T' / 'k:K' -> 'c:tag' / 'd:tag'
+    parkdue: dict[str, int] = field(default_factory=dict)
+    kcaps: dict[str, int] = field(default_factory=dict)
+    tcaps: dict[str, int] = field(default_factory=dict)
+    key_weights: dict[str, float] = field(default_factory=dict)
+
+    def head(self, flow: str) -> int | None:
+        runs = self.queued.get(flow)
+        return min(runs.values()) if runs else None
+
+    def ck_index(self) -> list[tuple[str, int]]:
+        """Keyed flows with queued runs, (flow, head), in sorted-set order."""
+        out = [(f, min(r.values())) for f, r in self.queued.items() if f != KEYLESS and r]
+        return sorted(out, key=lambda e: (e[1], e[0]))
+
+    def running(self, flow: str) -> int:
+        return len(self.inflight.get(flow, ()))
+
+    def keys_of(self, tenant: str) -> dict[str, float]:
+        return self.keysets.setdefault(tenant, {})
+
+
+@dataclass
+class _Ten:
+    tag: float | None
+    weight: float | None
+    touched: bool = False
+
+
+@dataclass
+class _Key:
+    flow: str
+    tag: float
+    tie: float
+    weight: float
     active: bool = True
-    attempted: bool = False
+    touched: bool = False
+    drained: bool = False
+
+
+@dataclass
+class _Pair:
+    q: QueueModel
+    tenant: str
+    copy: float
+    tie: float = INF
+    disc: dict[str, float] = field(default_factory=dict)
+    active: bool = True
+    dropped: bool = False
+    simple: bool = False
+    keys: list[_Key] | None = None
+    kf: list[float | bool] | None = None  # [value, dirty] of its key floor
+    ten: _Ten | None = None
+
+
+class _Call:
+    """Per-script caches of the scripts (the floors are read once per script)."""
+
+    def __init__(self) -> None:
+        self.floor: list[float | bool] | None = None  # [value, dirty]
+        self.kf: dict[tuple[str, str], list[float | bool]] = {}
 
 
 @dataclass
 class SfqModel:
-    """One base queue's variants, their slots, and the virtual-time state."""
+    """The fair order's state of one environment and the operations that change it."""
 
-    mode: Mode = "fair"
     env_limit: int = 100
-    burst_factor: float = 1.0
-    queue_limit: int | None = None
     quantum: float = 1.0
-    window_multiplier: int = 3
-    join_policy: str = "floor"
-    arrival_cap: float = 2.0**32
-    idle_max: int = 10_000
-    max_per_key: int = 1
-    queued: dict[str, dict[str, int]] = field(default_factory=dict)
-    inflight: dict[str, set[str]] = field(default_factory=dict)
-    vtime: dict[str, float] = field(default_factory=dict)
-    floor: float | None = None
-    vidle: dict[str, float] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
-    run_variant: dict[str, str] = field(default_factory=dict)
+    window: int = 3
+    join: str = "floor"
+    arrival_cap: float = 1.0
+    max_per_key: int | None = None
+    queues: dict[str, QueueModel] = field(default_factory=dict)
+    runs: dict[str, Run] = field(default_factory=dict)
+    tt: dict[str, float] = field(default_factory=dict)  # V:tt
+    tfloor: float | None = None  # V:tfloor
+    tw: dict[str, float] = field(default_factory=dict)  # V:tw
 
     # ------------------------------------------------------------------ helpers
 
-    @property
-    def fair(self) -> bool:
-        return self.mode == "fair"
-
-    def head(self, ck: str) -> int | None:
-        runs = self.queued.get(ck)
-        if not runs:
-            return None
-        return min(runs.values())
-
-    def ckindex(self) -> list[tuple[str, int]]:
-        """Variants with queued runs, ``(name, head)``, in ZSET order."""
-        out = [(ck, h) for ck in self.queued if (h := self.head(ck)) is not None]
-        return sorted(out, key=lambda e: (e[1], e[0]))
+    def queue(self, name: str) -> QueueModel:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = QueueModel(name)
+        return q
 
     def env_busy(self) -> int:
-        return sum(len(s) for s in self.inflight.values())
+        return sum(len(s) for q in self.queues.values() for s in q.inflight.values())
 
-    def variant_limit(self) -> int:
-        limit = 1_000_000_000 if self.queue_limit is None else self.queue_limit
-        return min(limit, self.env_limit)
+    def limit(self, q: QueueModel) -> int:
+        """The per-key limit (and the keyless runs' total): min(queue limit, env limit)."""
+        return min(UNLIMITED if q.concurrency is None else q.concurrency, self.env_limit)
 
-    def stored_floor(self) -> float:
-        return 0.0 if self.floor is None else self.floor
+    def _floor(self, call: _Call) -> list[float | bool]:
+        """The tenant floor of this script: V:tfloor, or read-repaired (lowest V:tt tag)."""
+        if call.floor is None:
+            if self.tfloor is not None:
+                call.floor = [self.tfloor, False]
+            else:
+                low = min(self.tt.values()) if self.tt else 0.0
+                call.floor = [low, True]
+        return call.floor
 
-    # ------------------------------------------------------------------ hooks
+    def _key_floor(self, call: _Call, q: QueueModel, tenant: str) -> list[float | bool]:
+        kf = call.kf.get((q.name, tenant))
+        if kf is None:
+            if tenant in q.kfloor:
+                kf = [q.kfloor[tenant], False]
+            else:
+                kk = q.keysets.get(tenant) or {}
+                kf = [min(kk.values()) if kk else 0.0, True]
+            call.kf[(q.name, tenant)] = kf
+        return kf
 
-    def _join_tag(self, ck: str, floor: float) -> float:
-        if ck in self.vidle:
-            return max(floor, self.vidle.pop(ck))
-        if self.join_policy == "behind_leader" and self.vtime:
-            top = max(self.vtime.items(), key=lambda e: (e[1], e[0]))[1]
+    # ------------------------------------------------------------------ registration
+
+    def _tenant_join(self, call: _Call, tenant: str) -> float:
+        floor = float(self._floor(call)[0])
+        stored = self.tt.get(tenant)
+        return stored if stored is not None and stored > floor else floor
+
+    def _register_pair(self, call: _Call, q: QueueModel, tenant: str) -> None:
+        if tenant in q.tq or f"t:{tenant}" in q.park:
+            return
+        q.tq[tenant] = self._tenant_join(call, tenant)
+
+    def _key_join(self, call: _Call, q: QueueModel, tenant: str) -> float:
+        floor = float(self._key_floor(call, q, tenant)[0])
+        kk = q.keysets.get(tenant) or {}
+        if self.join == "behind_leader" and kk:
+            top = max(kk.values())
             if top > floor:
                 return min(top + self.quantum, floor + self.arrival_cap)
         return floor
 
-    def _filled(self, ck: str) -> None:
-        if not self.fair or ck in self.vtime:
+    def _register_key(self, call: _Call, q: QueueModel, tenant: str, flow: str) -> None:
+        kk = q.keys_of(tenant)
+        if flow in kk or f"k:{flow}" in q.park:
             return
-        self.vtime[ck] = self._join_tag(ck, self.stored_floor())
+        if (
+            not kk
+            and tenant != flow
+            and tenant in q.tq
+            and q.queued.get(tenant)
+            and tenant not in q.ftenant
+        ):
+            # the tenant was a key serving as its own tenant here: it joins the key set
+            kk[tenant] = float(self._key_floor(call, q, tenant)[0])
+        kk[flow] = self._key_join(call, q, tenant)
 
-    def _drained(self, ck: str, tag: float, floor: float) -> bool:
-        """Leave the order, parking a tag above the floor. Returns whether it parked."""
-        self.vtime.pop(ck, None)
-        if tag > floor:
-            self.vidle[ck] = tag
-            return True
-        return False
+    def _flow_queued(
+        self, call: _Call, q: QueueModel, flow: str, score: int, tenant: str, is_new: bool
+    ) -> None:
+        default = default_tenant(q.name, flow)
+        if not is_new:
+            # a head that moved earlier may bring a time-parked flow back sooner
+            for member in (f"k:{flow}", f"t:{default}"):
+                if member in q.parkdue and score < q.parkdue[member]:
+                    q.parkdue[member] = score
+            return
+        if tenant in ("", default):
+            self._register_pair(call, q, default)
+        else:
+            self._register_key(call, q, tenant, flow)
+            self._register_pair(call, q, tenant)
 
-    def _finish(self, floor: float) -> None:
-        for ck in [c for c, t in self.vidle.items() if t <= floor]:
-            del self.vidle[ck]
-        if len(self.vidle) > self.idle_max:
-            ranked = sorted(self.vidle.items(), key=lambda e: (e[1], e[0]))
-            for ck, _ in ranked[: len(ranked) - self.idle_max]:
-                del self.vidle[ck]
+    def _place(
+        self, call: _Call, q: QueueModel, flow: str, run: str, score: int, tenant: str
+    ) -> None:
+        runs = q.queued.setdefault(flow, {})
+        head = min(runs.values()) if runs else None
+        runs[run] = score
+        if head is None or score < head:
+            if head is None and tenant:
+                q.ftenant[flow] = tenant
+            self._flow_queued(call, q, flow, score, tenant, head is None)
+
+    # ------------------------------------------------------------------ parking
+
+    def _park(self, q: QueueModel, member: str, tag: float, due: int | None) -> None:
+        q.park[member] = park_text("d" if due is not None else "c", tag)
+        if due is not None:
+            q.parkdue[member] = due
+
+    def _unpark(self, call: _Call, q: QueueModel, member: str) -> None:
+        value = q.park[member]
+        tag = float(value[2:])
+        kind, name = member[0], member[2:]
+        if kind == "t":
+            q.tq.setdefault(name, tag)
+            del q.park[member]
+        else:
+            named = q.ftenant.get(name)
+            tenant = named or default_tenant(q.name, name)
+            if named:
+                q.keys_of(tenant).setdefault(name, tag)
+            del q.park[member]
+            self._register_pair(call, q, tenant)
+        if value[0] == "d":
+            q.parkdue.pop(member, None)
+
+    def _promote_due(self, call: _Call, q: QueueModel, now: int) -> None:
+        due = sorted((d, m) for m, d in q.parkdue.items() if d <= now)[:64]
+        for _, member in due:
+            if member in q.park:
+                self._unpark(call, q, member)
+            else:
+                del q.parkdue[member]
+
+    def _slot_freed(self, call: _Call, q: QueueModel, flow: str, ta: str) -> None:
+        tenant = ta or default_tenant(q.name, flow)
+        members = [f"k:{flow}", f"t:{tenant}"]
+        values = [q.park.get(m) for m in members]
+        for member, value in zip(members, values, strict=True):
+            if value is not None and value[0] == "c" and member in q.park:
+                self._unpark(call, q, member)
+
+    def _free(self, call: _Call, run_id: str) -> Run:
+        run = self.runs[run_id]
+        q = self.queues[run.queue]
+        q.inflight[run.flow].discard(run_id)
+        if run.ta:
+            q.trunning[run.ta] -= 1
+        self._slot_freed(call, q, run.flow, run.ta)
+        run.ta = ""
+        return run
 
     # ------------------------------------------------------------------ operations
 
-    def enqueue(self, ck: str, run: str, score: int) -> None:
-        if run in self.run_variant:
+    def enqueue(
+        self, queue: str, run: str, key: str | None, tenant: str | None, score: int
+    ) -> None:
+        if run in self.runs:
             return
-        self.run_variant[run] = ck
-        self.queued.setdefault(ck, {})[run] = score
-        self._filled(ck)
+        flow = KEYLESS if key is None else key
+        self.runs[run] = Run(queue, flow, tenant or "", score)
+        self._place(_Call(), self.queue(queue), flow, run, score, tenant or "")
 
     def ack(self, run: str) -> None:
-        ck = self.run_variant.pop(run)
-        self.inflight.get(ck, set()).discard(run)
+        self._free(_Call(), run)
+        del self.runs[run]
 
-    def nack(self, run: str, retry_at: int) -> None:
-        ck = self.run_variant[run]
-        self.inflight[ck].discard(run)
-        self.queued.setdefault(ck, {})[run] = retry_at
-        self._filled(ck)
+    def nack(self, run_id: str, retry_at: int) -> None:
+        call = _Call()
+        run = self._free(call, run_id)
+        run.score = retry_at
+        self._place(call, self.queues[run.queue], run.flow, run_id, retry_at, run.tenant)
 
-    def set_weight(self, ck: str, weight: float) -> None:
-        self.weights[ck] = weight
+    def delete_floor(self) -> None:
+        self.tfloor = None
 
-    def _claim(self, ck: str, now: int) -> str | None:
-        runs = self.queued.get(ck, {})
-        ready = sorted((s, r) for r, s in runs.items() if s <= now)
+    # ------------------------------------------------------------------ gates
+
+    def _room(self, q: QueueModel, flow: str, tenant: str, named: bool) -> tuple[float, str | None]:
+        limit = self.limit(q)
+        cap = limit if flow == KEYLESS else q.kcaps.get(flow, limit)
+        room: float = INF
+        bound = None
+        if cap < self.env_limit:
+            room, bound = cap - q.running(flow), "key"
+        tcap = q.tcaps.get(tenant, limit)
+        if named and tcap < self.env_limit:
+            t_room = tcap - q.trunning.get(tenant, 0)
+            if t_room < room:
+                room, bound = t_room, "tenant"
+        elif tcap < cap:
+            t_room = tcap - q.running(flow)
+            if t_room < room:
+                room, bound = t_room, "tenant"
+        return room, bound
+
+    def _claim(
+        self, q: QueueModel, flow: str, limit: int, ta: str, now: int, out: list[tuple[str, str]]
+    ) -> tuple[int, int | None]:
+        runs = q.queued.get(flow, {})
+        ready = sorted((s, r) for r, s in runs.items() if s <= now)[:limit]
+        for _, run in ready:
+            del runs[run]
+            q.inflight.setdefault(flow, set()).add(run)
+            self.runs[run].ta = ta
+            out.append((run, flow))
+        if ta and ready:
+            q.trunning[ta] = q.trunning.get(ta, 0) + len(ready)
+        head = min(runs.values()) if runs else None
+        if head is None and ta:
+            q.ftenant.pop(flow, None)
+        return len(ready), head
+
+    # ------------------------------------------------------------------ the fair serve
+
+    def dequeue(self, queues: list[str], max_count: int, now: int) -> list[tuple[str, str, str]]:
+        """One dequeue call over ``queues``: ``(run, queue, flow)`` in serve order."""
+        env_id = "E"
+        ready: list[tuple[int, str, str, str]] = []  # (score, member, kind, queue)
+        for name in queues:
+            q = self.queue(name)
+            keyless = q.head(KEYLESS)
+            if keyless is not None and keyless <= now:
+                ready.append((keyless, f"q:{env_id}:{name}", "q", name))
+            index = q.ck_index()
+            if index and index[0][1] <= now:
+                ready.append((index[0][1], f"ck:{env_id}:{name}", "ck", name))
         if not ready:
-            return None
-        run = ready[0][1]
-        del runs[run]
-        self.inflight.setdefault(ck, set()).add(run)
-        return run
+            return []
+        n = min(max_count, self.env_limit - self.env_busy())
+        if n <= 0:
+            return []
+        ready.sort()
+        order: list[QueueModel] = []
+        heads: dict[str, int] = {}
+        for score, _, kind, name in ready:
+            if self.queues[name] not in order:
+                order.append(self.queues[name])
+            if kind == "q":
+                heads[name] = score
+        return self._fair_serve(order, heads, n, now)
 
-    def _serve_in_order(
-        self, cands: list[_Cand], budget: int, now: int, out: list[tuple[str, str]],
-        admit, on_served, on_head,  # type: ignore[no-untyped-def]
-    ) -> int:  # fmt: skip
-        total = 0
-        limit = self.variant_limit()
-        while total < budget:
-            active = [c for c in cands if c.active]
+    def _fair_serve(
+        self, queues: list[QueueModel], heads: dict[str, int], budget: int, now: int
+    ) -> list[tuple[str, str, str]]:
+        call = _Call()
+        floor = float(self._floor(call)[0])
+        by_id: dict[tuple[str, str], _Pair] = {}
+        plist: list[_Pair] = []
+        ten: dict[str, _Ten] = {}
+        served = 0
+        served_of: dict[tuple[str, str], int] = {}
+        keysets: dict[tuple[str, str], _Pair] = {}
+        out: list[tuple[str, str, str]] = []
+        parked_now = False
+
+        def pair_of(q: QueueModel, tenant: str, copy: float) -> _Pair:
+            p = by_id.get((tenant, q.name))
+            if p is None:
+                p = by_id[(tenant, q.name)] = _Pair(q, tenant, copy)
+                plist.append(p)
+            return p
+
+        def attach(first: int) -> None:
+            for p in plist[first:]:
+                if p.tenant not in ten:
+                    ten[p.tenant] = _Ten(self.tt.get(p.tenant), self.tw.get(p.tenant))
+            for p in plist[first:]:
+                t = ten[p.tenant]
+                if t.weight is None and not p.tenant.startswith("/"):
+                    t.weight = p.q.key_weights.get(p.tenant)
+            for p in plist[first:]:
+                t = ten[p.tenant]
+                if t.tag is None:
+                    t.tag = p.copy
+                if t.tag < floor:
+                    t.tag = floor
+                if t.weight is None:
+                    t.weight = 1.0
+                p.ten = t
+
+        def gather() -> int:
+            before = len(plist)
+            for q in queues:
+                self._promote_due(call, q, now)
+                width = budget * self.window
+                for tenant, copy in sorted(q.tq.items(), key=lambda e: (e[1], e[0]))[:width]:
+                    pair_of(q, tenant, copy)
+                disc = [e for e in q.ck_index() if e[1] <= now][: max(width, 3 * budget)]
+                flows = [f for f, _ in disc]
+                found: dict[str, float] = {f: float(h) for f, h in disc}
+                if q.name in heads:
+                    flows.append(KEYLESS)
+                    found[KEYLESS] = float(heads[q.name])
+                named = {f: q.ftenant.get(f) for f in flows}
+                unknown: list[tuple[str, str]] = []
+                for f in flows:
+                    tenant = named[f] or default_tenant(q.name, f)
+                    p = by_id.get((tenant, q.name))
+                    if p is None:
+                        unknown.append((tenant, f))
+                    else:
+                        p.disc[f] = found[f]
+                        p.tie = min(p.tie, found[f])
+                scores = [q.tq.get(t) for t, _ in unknown]
+                for (tenant, f), score in zip(unknown, scores, strict=True):
+                    if score is None and f"k:{f}" not in q.park and f"t:{tenant}" not in q.park:
+                        if named[f]:
+                            self._register_key(call, q, tenant, f)
+                        self._register_pair(call, q, tenant)
+                        score = q.tq.get(tenant)
+                    if score is not None:
+                        p = pair_of(q, tenant, score)
+                        p.disc[f] = found[f]
+                        p.tie = min(p.tie, found[f])
+            if len(plist) > before:
+                attach(before)
+            return len(plist) - before
+
+        def load_keys(p: _Pair) -> None:
+            if p.keys is not None or p.simple:
+                return
+            q = p.q
+            kk = q.keysets.get(p.tenant) or {}
+            entries = sorted(kk.items(), key=lambda e: (e[1], e[0]))[: budget + 9]
+            if not entries:
+                p.simple = True
+                return
+            kf = self._key_floor(call, q, p.tenant)
+            p.kf = kf
+            p.keys = []
+            listed = set()
+            for f, tag in entries:
+                listed.add(f)
+                p.keys.append(_Key(f, max(tag, float(kf[0])), p.disc.get(f, INF), self._kw(q, f)))
+            for f, head in p.disc.items():
+                if f not in listed:
+                    self._register_key(call, q, p.tenant, f)
+                    tag = q.keys_of(p.tenant).get(f)
+                    if tag is not None:
+                        p.keys.append(_Key(f, max(tag, float(kf[0])), head, self._kw(q, f)))
+            keysets[(q.name, p.tenant)] = p
+
+        def pair_key(c: _Pair) -> tuple[float, float, str, str]:
+            assert c.ten is not None and c.ten.tag is not None
+            return (c.ten.tag, c.tie, c.tenant, c.q.name)
+
+        def best_keys(p: _Pair) -> tuple[_Key | None, _Key | None]:
+            active = sorted(
+                (k for k in p.keys or [] if k.active), key=lambda k: (k.tag, k.tie, k.flow)
+            )
+            return (active[0] if active else None, active[1] if len(active) > 1 else None)
+
+        def drop(p: _Pair) -> None:
+            p.active = False
+            p.dropped = True
+            p.q.tq.pop(p.tenant, None)
+
+        def park_pair(p: _Pair, due: int | None) -> None:
+            nonlocal parked_now
+            assert p.ten is not None and p.ten.tag is not None
+            p.q.tq.pop(p.tenant, None)
+            self._park(p.q, f"t:{p.tenant}", p.ten.tag, due)
+            parked_now = True
+
+        def park_key(p: _Pair, k: _Key, due: int | None) -> None:
+            nonlocal parked_now
+            kk = p.q.keys_of(p.tenant)
+            kk.pop(k.flow, None)
+            self._park(p.q, f"k:{k.flow}", k.tag, due)
+            parked_now = True
+            if not kk:
+                p.q.tq.pop(p.tenant, None)
+
+        def advance(p: _Pair, kc: _Key | None, got: int) -> None:
+            nonlocal floor
+            t = p.ten
+            assert t is not None and t.tag is not None and t.weight is not None
+            step = self.quantum / t.weight
+            start = t.tag
+            if start + (got - 1) * step > floor:
+                floor = start + (got - 1) * step
+            t.tag = start + got * step
+            t.touched = True
+            if kc is not None:
+                assert p.kf is not None
+                kstep = self.quantum / kc.weight
+                klast = kc.tag + (got - 1) * kstep
+                if klast > float(p.kf[0]):
+                    p.kf[0] = klast
+                    p.kf[1] = True
+                kc.tag = kc.tag + got * kstep
+                kc.touched = True
+
+        def serve_pairs() -> None:
+            nonlocal served
+            while served < budget:
+                cands = [c for c in plist if c.active]
+                if not cands:
+                    break
+                p = min(cands, key=pair_key)
+                others = [c for c in cands if c.tenant != p.tenant]
+                second = min(others, key=pair_key) if others else None
+                q = p.q
+                load_keys(p)
+                kc = kc2 = None
+                if p.simple:
+                    flow: str | None = KEYLESS if p.tenant.startswith("/") else p.tenant
+                else:
+                    kc, kc2 = best_keys(p)
+                    flow = kc.flow if kc is not None else None
+                if flow is None:
+                    p.active = False
+                    continue
+                named = p.tenant != default_tenant(q.name, flow)
+                per_key = self.max_per_key or budget
+                sid = (q.name, flow)
+                want = min(budget - served, per_key - served_of.get(sid, 0))
+                room, bound = self._room(q, flow, p.tenant, named)
+                assert p.ten is not None and p.ten.tag is not None and p.ten.weight is not None
+                if room <= 0:
+                    if bound == "key" and not p.simple:
+                        assert kc is not None
+                        kc.active = False
+                        park_key(p, kc, None)
+                    else:
+                        p.active = False
+                        park_pair(p, None)
+                    continue
+                take = int(min(want, room))
+                if take <= 0:  # this flow had its share of the call (max_per_key)
+                    if kc is not None:
+                        kc.active = False
+                    else:
+                        p.active = False
+                    continue
+                run = take
+                step = self.quantum / p.ten.weight
+                if second is not None:
+                    assert second.ten is not None and second.ten.tag is not None
+                    k = max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
+                    run = min(run, k)
+                if kc is not None and kc2 is not None:
+                    kstep = self.quantum / kc.weight
+                    k = max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
+                    run = min(run, k)
+                claimed: list[tuple[str, str]] = []
+                got, head = self._claim(q, flow, run, p.tenant if named else "", now, claimed)
+                out.extend((r, q.name, f) for r, f in claimed)
+                if got > 0:
+                    served += got
+                    served_of[sid] = served_of.get(sid, 0) + got
+                    advance(p, kc, got)
+                    if kc is not None:
+                        kc.tie = INF if head is None else float(head)
+                        ties = [k.tie for k in p.keys or [] if k.active]
+                        p.tie = min(ties, default=INF)
+                    else:
+                        p.tie = INF if head is None else float(head)
+                if head is None:
+                    if kc is not None:
+                        kc.active = False
+                        kc.drained = True
+                        kk = q.keys_of(p.tenant)
+                        kk.pop(flow, None)
+                        if not kk:
+                            drop(p)
+                    else:
+                        drop(p)
+                elif head > now:
+                    if kc is not None:
+                        kc.active = False
+                        park_key(p, kc, head)
+                    else:
+                        p.active = False
+                        park_pair(p, head)
+                elif got == 0:
+                    if kc is not None:
+                        kc.active = False
+                    else:
+                        p.active = False
+
+        for rnd in range(3):
+            parked_now = False
+            if gather() == 0 and rnd > 0:
+                break
+            serve_pairs()
+            if served >= budget or not parked_now:
+                break
+
+        # write back: V:tt, the copies (only where still registered), key sets, floors
+        for tenant, t in ten.items():
+            if t.touched:
+                assert t.tag is not None
+                self.tt[tenant] = t.tag
+        for p in plist:
+            assert p.ten is not None and p.ten.tag is not None
+            if p.ten.touched and not p.dropped and p.tenant in p.q.tq:
+                p.q.tq[p.tenant] = p.ten.tag
+        for (qname, tenant), p in keysets.items():
+            q = self.queues[qname]
+            kk = q.keys_of(tenant)
+            for k in p.keys or []:
+                if k.touched and not k.drained and k.flow in kk:
+                    kk[k.flow] = k.tag
+            assert p.kf is not None
+            if p.kf[1]:
+                q.kfloor[tenant] = float(p.kf[0])
+        f = self._floor(call)
+        if floor > float(f[0]):
+            f[0], f[1] = floor, True
+        if f[1] or served > 0:
+            self.tfloor = float(f[0])
+        return out
+
+    def _kw(self, q: QueueModel, flow: str) -> float:
+        return 1.0 if flow == KEYLESS else q.key_weights.get(flow, 1.0)
+
+    # ------------------------------------------------------------------ the age order
+
+    def dequeue_age(
+        self, queue: str, max_count: int, now: int, per_key: int = 1
+    ) -> list[tuple[str, str, str]]:
+        """One age-order call on one queue's keyed runs: the window's oldest ready head
+        first, at most ``per_key`` runs per key, each claim only older than the next
+        candidate's head (ties to the lower name); gated candidates drop out."""
+        q = self.queue(queue)
+        index = q.ck_index()
+        if not index or index[0][1] > now:
+            return []
+        n = min(max_count, self.env_limit - self.env_busy())
+        if n <= 0:
+            return []
+        cands = [[f, h, 0, True] for f, h in index if h <= now][: n * self.window]
+        out: list[tuple[str, str, str]] = []
+        served = 0
+        while served < n:
+            active = sorted((c for c in cands if c[3]), key=lambda c: (c[1], c[0]))
             if not active:
                 break
-            c = min(active, key=lambda c: (c.key, c.tie, c.ck))
-            c.attempted = True
-            if (c.served == 0 and not admit(c)) or len(self.inflight.get(c.ck, ())) >= limit:
-                c.active = False
+            c, second = active[0], (active[1] if len(active) > 1 else None)
+            flow = str(c[0])
+            room, _ = self._room(q, flow, flow, False)
+            take = int(min(n - served, per_key - int(c[2]), room))
+            if take <= 0:
+                c[3] = False
+                continue
+            runs = q.queued[flow]
+            ready = sorted((s, r) for r, s in runs.items() if s <= now)
+            got = 0
+            for s, r in ready:
+                if got >= take:
+                    break
+                if second is not None and (
+                    s > second[1] or (s == second[1] and not flow < second[0])
+                ):
+                    break
+                del runs[r]
+                q.inflight.setdefault(flow, set()).add(r)
+                out.append((r, queue, flow))
+                got += 1
+            c[2] = int(c[2]) + got
+            served += got
+            head = min(runs.values()) if runs else None
+            if got == 0 or head is None or head > now or c[2] >= per_key:
+                c[3] = False
             else:
-                run = self._claim(c.ck, now)
-                if run is not None:
-                    out.append((run, c.ck))
-                    c.served += 1
-                    total += 1
-                    on_served(c)
-                head = self.head(c.ck)
-                drained = head is None
-                if run is not None:
-                    on_head(c, head, drained)
-                    if drained or head > now or c.served >= self.max_per_key:  # type: ignore[operator]
-                        c.active = False
-                else:
-                    c.active = False
-        return total
-
-    def dequeue(self, max_count: int, now: int) -> list[tuple[str, str]]:
-        """One dequeue call; returns ``(run, variant)`` in serve order."""
-        n = min(max_count, int(self.env_limit * self.burst_factor) - self.env_busy())
-        out: list[tuple[str, str]] = []
-        if n <= 0:
-            return out
-        if not self.fair:
-            window = [e for e in self.ckindex() if e[1] <= now][: n * self.window_multiplier]
-            cands = [_Cand(ck, float(h)) for ck, h in window]
-
-            def age_head(c: _Cand, head: int | None, drained: bool) -> None:
-                if head is not None:
-                    c.key = float(head)
-
-            self._serve_in_order(cands, n, now, out, lambda c: True, lambda c: None, age_head)
-            return out
-        return self._dequeue_fair(n, now, out)
-
-    def _dequeue_fair(self, n: int, now: int, out: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        window = n * self.window_multiplier
-        scan = 2 * window
-        stored = self.stored_floor()
-        floor = stored
-        ranked = sorted(self.vtime.items(), key=lambda e: (e[1], e[0]))[:scan]
-        if ranked and ranked[0][1] > floor:
-            floor = ranked[0][1]
-        complete = len(ranked) < scan
-        tag_of = dict(ranked)
-        parked = False
-        # discovery: the oldest ready heads; register those without a tag
-        aged = [e for e in self.ckindex() if e[1] <= now][: max(scan, 3 * n)]
-        head_of = dict(aged)
-        order = [ck for ck, _ in aged]
-        for ck in order:
-            if ck in tag_of:
-                continue
-            if not complete and ck in self.vtime:
-                tag_of[ck] = self.vtime[ck]
-                continue
-            tag = max(floor, self.vidle.pop(ck)) if ck in self.vidle else floor
-            tag_of[ck] = tag
-            self.vtime.setdefault(ck, tag)
-        for ck, tag in ranked:
-            if ck in head_of:
-                continue
-            head = self.head(ck)
-            if head is None:
-                parked |= self._drained(ck, tag, floor)
-                del tag_of[ck]
-            elif head <= now:
-                head_of[ck] = head
-                order.append(ck)
-        cands = [
-            _Cand(ck, max(tag_of[ck], floor), float(head_of[ck]), self.weights.get(ck, 1.0))
-            for ck in order
-            if ck in tag_of
-        ]
-        min_served: list[float] = []
-        slots = 0
-
-        def advance(c: _Cand) -> None:
-            nonlocal slots
-            if c.served == 1:
-                slots += 1
-            min_served.append(c.key)
-            c.key = c.key + self.quantum / c.weight
-
-        def written(c: _Cand, head: int | None, drained: bool) -> None:
-            nonlocal parked
-            if drained:
-                parked |= self._drained(c.ck, c.key, floor)
-            else:
-                self.vtime[c.ck] = c.key
-                c.tie = float(head)  # type: ignore[arg-type]
-
-        self._serve_in_order(cands, n, now, out, lambda c: slots < window, advance, written)
-
-        if min_served and min(min_served) > floor:
-            floor = min(min_served)
-        if out or floor > stored:
-            self.floor = floor
-        if parked:
-            self._finish(floor)
+                c[1] = head
         return out
