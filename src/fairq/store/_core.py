@@ -7,6 +7,7 @@ a broken connection becomes :class:`ConnectionLostError` naming the server.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ from fairq.errors import (
 )
 from fairq.keys import Environment, KeySchema
 from fairq.server import AnyRedis
+from fairq.store.cluster_routing import route_fcall_by_keys
 from fairq.store.context import ScriptContext
 from fairq.store.scripts import Order, ScriptRegistry, registry
 from fairq.store.status import Status, decode
@@ -72,6 +74,7 @@ class StoreCore:
         *,
         rng: random.Random | None = None,
     ) -> None:
+        route_fcall_by_keys(client)
         self.client = client
         self.config = config or RunQueueConfig()
         self.keys = KeySchema(self.config.prefix, self.config.shard_count)
@@ -197,8 +200,36 @@ class StoreCore:
         build(pipe)
         return list(await self.read(pipe.execute()))
 
+    async def timed_pipeline(self, build: Callable[[Any], None]) -> tuple[int, list[Any]]:
+        """:meth:`pipeline` and the server's clock (ms) read with it: in the same round
+        trip on one server; beside it on a cluster (whose pipelines take only keyed
+        commands)."""
+        if isinstance(self.client, RedisCluster):
+            now, rows = await asyncio.gather(self.server_time_ms(), self.pipeline(build))
+            return now, rows
+
+        def with_clock(pipe: Any) -> None:
+            pipe.time()
+            build(pipe)
+
+        rows = await self.pipeline(with_clock)
+        return _ms(rows[0]), rows[1:]
+
+    async def server_time_ms(self) -> int:
+        """The server's clock (ms): what every script's "now" is."""
+        return _ms(await self.read(self.client.time()))
+
+    async def now_or_server(self, now_ms: int | None) -> int:
+        """``now_ms`` when given, else the server's clock."""
+        return now_ms if now_ms is not None else await self.server_time_ms()
+
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _ms(clock: Any) -> int:
+    """A ``TIME`` reply in ms."""
+    return int(clock[0]) * 1000 + int(clock[1]) // 1000
 
 
 def _status_of(reply: Any) -> Status | None:

@@ -193,18 +193,10 @@ class DequeueOps(StoreCore):
 
     # ------------------------------------------------------------------ selection
 
-    async def _server_now(self, now_ms: int | None) -> int:
-        if now_ms is not None:
-            return now_ms
-        if not hasattr(self.client, "time"):
-            return 0
-        clock: Any = await self.read(self.client.time())
-        return int(clock[0]) * 1000 + int(clock[1]) // 1000
-
     async def _plan(self, shard: int, now_ms: int | None) -> list[EnvPlan]:
         """A shard's ready environments, in the selection strategy's order."""
         s = self.keys.shard(shard)
-        now = await self._server_now(now_ms)
+        now = await self.now_or_server(now_ms)
         raw: Any = await self.read(
             self.client.zrangebyscore(
                 s.heads, "-inf", now, start=0, num=self.selection.parent_queue_limit,
@@ -254,5 +246,5 @@ class DequeueOps(StoreCore):
         found = [float(r[0][1]) for r in await self.pipeline(heads) if r]
         if not found:
             return None
-        now = await self._server_now(now_ms)
+        now = await self.now_or_server(now_ms)
         return max(0, int(min(found)) - now)

@@ -31,19 +31,14 @@ class MaintenanceOps(StoreCore):
         shards = self.keys.shards()
 
         def build(pipe: Any) -> None:
-            if now_ms is None:
-                pipe.time()
             for s in shards:
                 pipe.zrange(s.leases, 0, 0, withscores=True)
                 pipe.zrange(s.ttl, 0, 0, withscores=True)
 
-        raw = await self.pipeline(build)
         if now_ms is None:
-            seconds, micros = raw[0]
-            now = int(seconds) * 1000 + int(micros) // 1000
-            raw = raw[1:]
+            now, raw = await self.timed_pipeline(build)
         else:
-            now = now_ms
+            now, raw = now_ms, await self.pipeline(build)
         leases = [s.shard for i, s in enumerate(shards) if raw[2 * i] and raw[2 * i][0][1] <= now]
         ttls = [
             s.shard for i, s in enumerate(shards) if raw[2 * i + 1] and raw[2 * i + 1][0][1] <= now

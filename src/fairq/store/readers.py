@@ -81,7 +81,6 @@ class ReaderOps(StoreCore):
             fields += [K.config_field(name, o) for o in QUEUE_OPTIONS]
 
         def build(pipe: Any) -> None:
-            pipe.time()
             pipe.scard(e.inflight)
             pipe.hmget(e.config, fields)
             for q in qkeys:
@@ -93,12 +92,9 @@ class ReaderOps(StoreCore):
                 pipe.zrange(q.queued, 0, 0, withscores=True)
                 pipe.zrange(q.ck_index, 0, 0, withscores=True)
 
-        raw = await self.pipeline(build)
-        clock: Any = raw[0]
-        now = int(clock[0]) * 1000 + int(clock[1]) // 1000
-        env_running = int(raw[1])
-        config = raw[2]
-        raw = raw[1:]
+        now, raw = await self.timed_pipeline(build)
+        env_running = int(raw[0])
+        config = raw[1]
         env_size, env_order, env_mpk, env_charge = (_opt(v) for v in config[:4])
         out: list[QueueStats] = []
         width = len(QUEUE_OPTIONS)
@@ -270,11 +266,6 @@ class ReaderOps(StoreCore):
                     calls = int(row.get("calls", 0)) - int(row.get("failed_calls", 0))
                     totals[command] = totals.get(command, 0) + calls
         return totals
-
-    async def server_time_ms(self) -> int:
-        """The server's clock (ms): what every script's "now" is."""
-        clock: Any = await self.read(self.client.time())
-        return int(clock[0]) * 1000 + int(clock[1]) // 1000
 
     async def schedule_ticks(self, env: Environment, names: Sequence[str]) -> dict[str, int]:
         """The last claimed tick (ms) of each named schedule that has one."""

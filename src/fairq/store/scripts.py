@@ -266,7 +266,7 @@ class Script:
                 # On every master: the client's idea of which node owns the slot may be
                 # stale right after a reshard, and a later call may land on another node.
                 await client.execute_command(
-                    "FUNCTION", "LOAD", "REPLACE", self.source, target_nodes=RedisCluster.PRIMARIES
+                    "FUNCTION", "LOAD", "REPLACE", self.source, target_nodes=client.get_primaries()
                 )
             else:
                 await client.execute_command("FUNCTION", "LOAD", "REPLACE", self.source)
