@@ -315,3 +315,71 @@ async def test_at_limit_queue_keeps_its_master_entry(
     assert min((await heads(rq, env)).values()) == T0 + 1
     await rq.ack([d])
     assert [x.run_id for x in await drain(rq)] == ["r2"]
+
+
+# --------------------------------------------------------------------------- overrides, rates
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["age", "fair"])
+async def test_a_key_cap_above_the_per_key_limit_raises_that_keys_room(
+    make_queue: Any, env: Environment, fair: bool
+) -> None:
+    rq: RunQueue = await make_queue(max_per_key_per_call=10, vtime={"enabled": fair})
+    await rq.set_queue_concurrency(env, "q", 2)
+    await rq.set_key_concurrency(env, "q", "big", 5)
+    await rq.set_key_concurrency(env, "q", "small", 1)
+    for k in ("big", "small"):
+        for i in range(6):
+            await rq.enqueue(env, "q", f"{k}{i}", concurrency_key=k, now_ms=T0 + i)
+
+    got = sorted(d.run_id for d in await drain(rq))
+
+    assert got == ["big0", "big1", "big2", "big3", "big4", "small0"]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["age", "fair"])
+async def test_a_rate_limited_key_reports_the_wait_to_its_next_token(
+    make_queue: Any, env: Environment, fair: bool
+) -> None:
+    rq: RunQueue = await make_queue(vtime={"enabled": fair})
+    await rq.set_rate_limit(env, "q", 0.5, burst=1, key="k")  # one run per 2 s
+    for i in range(3):
+        await rq.enqueue(env, "q", f"r{i}", concurrency_key="k", now_ms=T0 - 10)
+
+    seen = []
+    for at in (0, 0, 100, 1999, 2000, 2100):
+        batch = await rq.dequeue_batch(5, env=env, queues=["q"], now_ms=T0 + at)
+        seen.append(([d.run_id for d in batch.deliveries], batch.wait_ms))
+
+    assert seen == [
+        (["r0"], 2000 if fair else None),
+        ([], 2000),
+        ([], 1900),
+        ([], 1),
+        (["r1"], 2000 if fair else None),
+        ([], 1900),
+    ]
+
+
+async def test_dequeue_variant_honours_rates_and_counts_the_named_tenant(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.set_rate_limit(env, "q", 0.5, burst=1, key="k")
+    await rq.set_tenant_concurrency(env, "q", "acme", 1)
+    for i in range(3):
+        await rq.enqueue(env, "q", f"r{i}", concurrency_key="k", now_ms=T0 - 10)
+        await rq.enqueue(
+            env, "q", f"a{i}", concurrency_key=f"u{i}", tenant="acme", now_ms=T0 - 10
+        )
+
+    by_rate = [[d.run_id for d in await rq.dequeue_variant(env, "q", "k", now_ms=T0)] for _ in "xyz"]
+    by_tenant = [
+        [(d.run_id, d.tenant) for d in await rq.dequeue_variant(env, "q", f"u{i}", now_ms=T0)]
+        for i in range(3)
+    ]
+
+    assert by_rate == [["r0"], [], []]
+    assert by_tenant == [[("a0", "acme")], [], []]
+    served = (await rq.history(env, "q", window_ms=10_000, now_ms=T0))[-1].by_tenant
+    assert served == {"k": 1, "acme": 1}

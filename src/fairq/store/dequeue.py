@@ -179,7 +179,9 @@ class DequeueOps(StoreCore):
     ) -> list[Delivery]:
         """Lease ready runs of one flow (a key, or the keyless runs with None), oldest
         first, whatever the queue's order: for reference models that pick the flow
-        themselves. The env gate and the flow's caps apply; no fair-order state moves."""
+        themselves. The env gate, the flow's caps (key, tenant, total) and its rate limits
+        apply, and the run is counted for the flow's named tenant; no fair-order state
+        moves."""
         validate.max_count(max_count)
         K.validate_name("queue", queue, allow_slash=True)
         ck = "" if concurrency_key is None else K.encode_concurrency_key(concurrency_key)

@@ -15,7 +15,7 @@ ARGV
   FIRST_ARG + 3  max_count (1..1000)
   FIRST_ARG + 4  lease (ms)
 Reply
-  {OK, wait (-1), gated (0/1), deliveries} as dequeue.lua
+  {OK, wait (ms from now, -1 = none known), gated (0/1), deliveries} as dequeue.lua
 ]]
 --@context now counter_ttl outcome_ttl recent_runs wake_channel default_env_concurrency
 --@context default_burst_factor default_queue_size_limit default_order default_max_per_key
@@ -24,6 +24,7 @@ Reply
 --@include config
 --@include claim
 --@include gates
+--@include serve_age
 
 HOOK.flow_queued = function() end
 HOOK.flow_drained = function() end
@@ -41,20 +42,25 @@ local V = env_prefix(tag, env_id)
 local env, by_name = config_read(X, V, env_id, {queue})
 local Q = by_name[queue]
 local out = {}
-local gated = 0
+local R = result_new()
 local busy = redis.call('SCARD', env_key(V, 'inflight'))
 local n = math.min(max_count, env.limit_burst - busy)
 local flow = ck == '' and KEYLESS_FLOW or ck
 if n > 0 and not Q.paused then
-  local room = math.min(flow_room(X, Q, flow, flow, false), total_room(X, Q))
-  if room > 0 then
-    local got = claim(X, Q, flow, math.min(n, room), lease_ms, '', out)
-    flow_took(X, Q, flow, got)
-  else
-    gated = 1
+  -- the flow's named tenant (its cap, rate and slot count), else its default tenant
+  local named = flow_tenants(X, Q, {flow})[flow]
+  local tenant = named or default_tenant(Q.name, flow)
+  local take, buckets = flow_allowance(X, Q, flow, tenant, named and true or false, n, R, false)
+  if take > 0 then
+    local got, head = claim(X, Q, flow, take, lease_ms, named or '', out)
+    took(X, Q, flow, buckets, got)
+    if head ~= nil and head > X.now then wait_until(R, head) end
   end
 else
-  gated = 1
+  R.gated = true
 end
+buckets_flush(X)
 state_flush(X)
-return {S.OK, -1, gated, out}
+local wait = -1
+if R.wait ~= nil then wait = math.max(0, R.wait - X.now) end
+return {S.OK, wait, R.gated and 1 or 0, out}

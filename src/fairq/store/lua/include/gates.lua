@@ -41,10 +41,15 @@ local function key_cap(X, Q, flow)
   return v and tonumber(v) or Q.limit
 end
 
-local function tenant_cap(X, Q, tenant)
+-- A tenant's own cap (nil when it has no override).
+local function tenant_cap_override(X, Q, tenant)
   local o = overrides(X, Q)
   local v = override(o.tcaps, o.has_tcaps, queue_key(Q.B, 'tenant_caps'), tenant)
-  return v and tonumber(v) or Q.limit
+  return v and tonumber(v) or nil
+end
+
+local function tenant_cap(X, Q, tenant)
+  return tenant_cap_override(X, Q, tenant) or Q.limit
 end
 
 -- Slots a flow holds now (its variant's in-flight set, or the keyless runs').
@@ -99,14 +104,20 @@ local function flow_room(X, Q, flow, tenant, named)
   if cap < Q.env.limit_burst then
     room, bound = cap - flow_running(X, Q, flow), 'key'
   end
-  local tcap = tenant_cap(X, Q, tenant)
-  if named and tcap < Q.env.limit_burst then
-    local t_room = tcap - tenant_running(X, Q.B, Q.V, Q.env_id, Q.name, tenant)
-    if t_room < room then room, bound = t_room, 'tenant' end
-  elseif tcap < cap then
-    -- the default tenant of a key is the key itself: its slots are the key's
-    local t_room = tcap - flow_running(X, Q, flow)
-    if t_room < room then room, bound = t_room, 'tenant' end
+  if named then
+    local tcap = tenant_cap(X, Q, tenant)
+    if tcap < Q.env.limit_burst then
+      local t_room = tcap - tenant_running(X, Q.B, Q.V, Q.env_id, Q.name, tenant)
+      if t_room < room then room, bound = t_room, 'tenant' end
+    end
+  else
+    -- the default tenant of a key is the key itself: its slots are the key's, and only
+    -- an explicit cap for that tenant binds beside the key's own (override or limit)
+    local tcap = tenant_cap_override(X, Q, tenant)
+    if tcap ~= nil and tcap < cap then
+      local t_room = tcap - flow_running(X, Q, flow)
+      if t_room < room then room, bound = t_room, 'tenant' end
+    end
   end
   return room, bound
 end

@@ -238,17 +238,35 @@ local function unpark(X, Q, member, value)
   redis.call('ZREM', queue_key(Q.B, 'parked_due'), member)
 end
 
--- Time-gated tenants and keys whose time has come go back into the order.
-local function promote_due(X, Q)
+-- How many of the earliest parked members are looked at for the next time gate's due
+-- time (cap parks, due only for their re-check, may come first).
+local DUE_PEEK = 8
+
+-- Time-gated tenants and keys whose time has come go back into the order; the next
+-- time gate still closed tells the caller when to come back (R.wait).
+local function promote_due(X, Q, R)
   if not has_parkdue(X, Q) then return end
-  local due = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'parked_due'), '-inf', X.now, 'LIMIT', 0, 64)
-  if #due == 0 then return end
-  local values = call_list('HMGET', queue_key(Q.B, 'parked'), due)
-  for i, member in ipairs(due) do
-    if values[i] then
-      unpark(X, Q, member, values[i])
-    else
-      redis.call('ZREM', queue_key(Q.B, 'parked_due'), member)
+  local dk = queue_key(Q.B, 'parked_due')
+  local due = redis.call('ZRANGEBYSCORE', dk, '-inf', X.now, 'LIMIT', 0, 64)
+  if #due > 0 then
+    local values = call_list('HMGET', queue_key(Q.B, 'parked'), due)
+    for i, member in ipairs(due) do
+      if values[i] then
+        unpark(X, Q, member, values[i])
+      else
+        redis.call('ZREM', dk, member)
+      end
+    end
+  end
+  local later = redis.call('ZRANGE', dk, 0, DUE_PEEK - 1, 'WITHSCORES')
+  if #later == 0 then return end
+  local members = {}
+  for i = 1, #later, 2 do members[#members + 1] = later[i] end
+  local values = call_list('HMGET', queue_key(Q.B, 'parked'), members)
+  for i, v in ipairs(values) do
+    if v and string.sub(v, 1, 2) == 'd:' then
+      wait_until(R, tonumber(later[2 * i]))
+      return
     end
   end
 end
@@ -441,7 +459,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         end
       end
       if not qdone[Q.B] and not Q.paused then
-        promote_due(X, Q)
+        promote_due(X, Q, R)
         local width = budget * Q.window
         local win = redis.call('ZRANGE', queue_key(Q.B, 'ready_tenants'), 0, width - 1, 'WITHSCORES')
         for i = 1, #win, 2 do pair_of(Q, win[i], tonumber(win[i + 1])) end
