@@ -12,6 +12,9 @@ backoff, a rate limit's next token), or ``idle_timeout`` — whichever is first.
 Maintenance (requeueing runs whose lease lapsed, expiring runs whose TTL passed) runs
 on a timer, also while a consumer waits (:meth:`fairq.store.RunQueue.maintain`).
 
+Every dequeue call is observed in :mod:`fairq.metrics` (latency of each run leased, and
+of the call), in memory; the served record itself is written by the dequeue scripts.
+
 A lost connection (the server restarted, or is away): the consumer logs it, calls its
 ``on_connection_lost`` hook (the app's: restart the shared server if it is down) and
 retries with bounded backoff; it resumes by itself when the server is back.
@@ -22,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
+from fairq import metrics
 from fairq.errors import ConnectionLostError
 from fairq.keys import Environment
 from fairq.models import Delivery
@@ -162,7 +167,11 @@ class Consumer:
             self._wake.clear()
             try:
                 await self.maintain()
+                started = time.perf_counter()
                 batch = await self.rq.dequeue_batch(max_count, env=self.env, queues=self.queues)
+                metrics.observe_dequeue(
+                    batch.deliveries, call_seconds=time.perf_counter() - started
+                )
             except ConnectionLostError as exc:
                 retry_s = await self.lost(exc, retry_s)
                 continue

@@ -40,6 +40,10 @@ Duration = float | int | timedelta
 TenantFrom = Callable[[Any], str | None] | str
 
 
+#: The payload of a trigger that gives none (the task receives None).
+_NO_PAYLOAD: Any = None
+
+
 def to_ms(name: str, value: Duration | None) -> int | None:
     """Seconds (or a timedelta) to whole milliseconds.
 
@@ -266,7 +270,7 @@ class Task(Generic[P, R]):
 
     async def trigger(
         self,
-        payload: P,
+        payload: P = _NO_PAYLOAD,
         *,
         concurrency_key: str | None = None,
         tenant: str | None = None,
@@ -280,7 +284,8 @@ class Task(Generic[P, R]):
         """Queue one run of this task (one round trip).
 
         Args:
-            payload: any JSON-serialisable value; the task receives it decoded.
+            payload: any JSON-serialisable value; the task receives it decoded (default
+                None).
             concurrency_key: the key (user, account…) the run belongs to: each key is its
                 own sub-queue, limited by the queue's per-key concurrency limit.
             tenant: the fairness group it belongs to (default: by the task's
@@ -337,7 +342,7 @@ class Task(Generic[P, R]):
 
     def trigger_sync(
         self,
-        payload: P,
+        payload: P = _NO_PAYLOAD,
         *,
         concurrency_key: str | None = None,
         tenant: str | None = None,

@@ -49,6 +49,7 @@ from fairq.app import Fairq
 from fairq.consumer import Consumer
 from fairq.errors import ConfigurationError, ConnectionLostError, FairqError, PermanentError
 from fairq.keys import encode_concurrency_key, encode_tenant
+from fairq.metrics import RunMetrics
 from fairq.models import AckStatus, Delivery, Finish, HeartbeatStatus, NackOutcome
 from fairq.outcomes import MAX_ERROR_CHARS, RunStatus, encode_outcome
 from fairq.schedules import Scheduler
@@ -224,8 +225,9 @@ class Worker:
         self.install_signal_handlers = install_signal_handlers
         self.run_schedules = run_schedules
         self.stats = WorkerStats()
-        #: Optional observer of run events (fairq.observability.WorkerMetrics).
-        self.metrics: Any = None
+        #: Observer of run events (``started`` / ``finished``): the process's Prometheus
+        #: counters in :mod:`fairq.metrics` by default; None observes nothing.
+        self.metrics: RunMetrics | None = RunMetrics()
         self._stopping = asyncio.Event()
         self._forced = False
         self._inflight: dict[asyncio.Task[None], _InFlight] = {}

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.state import run_state
 
-from fairq.app import Fairq, RunStatus
+from fairq.app import Fairq
 from fairq.config import RunQueueConfig
 from fairq.keys import Environment
+from fairq.outcomes import RunStatus
 from fairq.store import RunQueue
 
 
@@ -97,10 +99,64 @@ async def test_limits_set_get_pause_resume(
     assert "queue emails" in shown and "7" in shown
 
     fairq_cli("limits", "pause", env.id, "emails")
-    assert (await rq.queue_stats(env, "emails")).paused
+    paused = await rq.queue_stats(env, "emails")
+    assert paused.paused and paused.is_paused
+    # pausing is a flag: the queue keeps its limits while paused
+    assert (paused.concurrency_limit, paused.queue_size_limit) == (3, 50)
     assert "paused" in fairq_cli("limits", "get", env.id, "emails").stdout
+    assert await rq.dequeue(10, env=env, queues=["emails"]) == []
     fairq_cli("limits", "resume", env.id, "emails")
-    assert (await rq.queue_stats(env, "emails")).concurrency_limit is None
+    resumed = await rq.queue_stats(env, "emails")
+    # resume keeps the limit (it used to be removed with the pause)
+    assert not resumed.paused
+    assert (resumed.concurrency_limit, resumed.queue_size_limit) == (3, 50)
+    assert "paused" not in fairq_cli("limits", "get", env.id, "emails").stdout
+    assert [d.run_id for d in await rq.dequeue(10, env=env, queues=["emails"])] == ["r1"]
+    fairq_cli("limits", "resume", env.id, "emails", "--concurrency", "5")
+    assert (await rq.queue_stats(env, "emails")).concurrency_limit == 5
+
+
+async def test_limits_set_is_validated_whole_and_applied_at_once(
+    fairq_cli: Callable[..., Any], make_queue: Callable[..., Any], env: Environment
+) -> None:
+    rq = await queue_on(make_queue)
+    await rq.enqueue(env, "emails", "r1", 1)
+    fairq_cli(
+        "limits", "set", env.id, "emails", "--concurrency", "3", "--size-limit", "50",
+        "--total", "8", "--rate", "30/m", "--rate-burst", "4", "--order", "fair", "--borrow",
+    )  # fmt: skip
+    q = await rq.queue_stats(env, "emails")
+    assert (q.concurrency_limit, q.queue_size_limit, q.total_concurrency_limit) == (3, 50, 8)
+    assert (q.rate, q.rate_burst, q.order, q.borrow) == (0.5, 4, "fair", True)
+    shown = fairq_cli("limits", "get", env.id, "emails").stdout
+    assert "fair" in shown and "0.5 (burst 4)" in shown and "borrow" in shown
+    # one bad value anywhere in the command: nothing of it is written
+    for bad in (
+        ["--concurrency", "9", "--size-limit", "-1"],
+        ["--concurrency", "9", "--order", "random"],
+        ["--concurrency", "9", "--rate", "fast"],
+        ["--concurrency", "9", "--total", "x"],
+    ):
+        done = fairq_cli("limits", "set", env.id, "emails", *bad, ok=False)
+        assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+        assert "Error" in done.stderr
+        assert (await rq.queue_stats(env, "emails")).concurrency_limit == 3
+    # clearing one setting leaves every other as it is
+    fairq_cli("limits", "set", env.id, "emails", "--size-limit", "none")
+    q = await rq.queue_stats(env, "emails")
+    assert q.queue_size_limit is None
+    assert (q.concurrency_limit, q.total_concurrency_limit, q.rate, q.order) == (3, 8, 0.5, "fair")
+    fairq_cli("limits", "set", env.id, "emails", "--rate", "none", "--no-borrow")
+    q = await rq.queue_stats(env, "emails")
+    assert (q.rate, q.rate_burst, q.borrow) == (None, None, False)
+    assert (q.concurrency_limit, q.total_concurrency_limit) == (3, 8)
+    # environment settings: the same rules
+    fairq_cli("limits", "set", env.id, "--concurrency", "7", "--burst", "2")
+    fairq_cli("limits", "set", env.id, "--burst", "none")
+    e = await rq.env_stats(env)
+    assert (e.concurrency_limit, e.burst_factor) == (7, 1.0)
+    misplaced = fairq_cli("limits", "set", env.id, "--total", "3", ok=False)
+    assert misplaced.returncode == 2 and "apply to a queue" in misplaced.stderr
 
 
 async def test_a_bad_limit_is_one_clear_error(
@@ -120,15 +176,18 @@ async def test_dlq_list_and_redrive(
     for run_id in ("dead-1", "dead-2"):
         await rq.enqueue(env, "emails", run_id, {"to": run_id}, concurrency_key="t1")
         (delivery,) = await rq.dequeue_from_queue(env, "emails", keyed=True, max_count=1)
-        await rq.nack(delivery, max_attempts=1)
+        await rq.nack(delivery, max_attempts=1, error=f"ValueError: {run_id} broke")
     listing = fairq_cli("dlq", "list", env.id).stdout
     assert "dead-1" in listing and "dead-2" in listing
+    # with the last error of each and the count
+    assert "ValueError: dead-1 broke" in listing and "ValueError: dead-2 broke" in listing
+    assert f"dead letters of {env.id} (2)" in listing
     # When one is redriven by id, then the rest with --all
     fairq_cli("dlq", "redrive", env.id, "dead-1")
-    assert await rq.run_state(env, "dead-1") == "queued"
-    assert await rq.run_state(env, "dead-2") == "dlq"
+    assert await run_state(rq, env, "dead-1") == "queued"
+    assert await run_state(rq, env, "dead-2") == "dlq"
     fairq_cli("dlq", "redrive", env.id, "--all")
-    assert await rq.run_state(env, "dead-2") == "queued"
+    assert await run_state(rq, env, "dead-2") == "queued"
     assert await rq.dead_letters(env) == []
     # and an unknown id is reported
     missing = fairq_cli("dlq", "redrive", env.id, "nope", ok=False)
@@ -206,6 +265,11 @@ async def test_cancel_a_queued_run(
     assert "r1: cancelled" in done.stdout
     assert (await rq.queue_stats(env, "emails")).queued == 1
 
-    missing = fairq_cli("cancel", env.id, "r1", ok=False)
+    # cancelled runs keep an outcome: cancelling one again says it already finished
+    again = fairq_cli("cancel", env.id, "r1", ok=False)
+    assert again.returncode == 1
+    assert "r1: already finished" in again.stdout
+    missing = fairq_cli("cancel", env.id, "nope", ok=False)
     assert missing.returncode == 1
-    assert "unknown" in missing.stdout
+    assert "nope: unknown" in missing.stdout
+    assert (await rq.get_run(env, "r1")).status is RunStatus.CANCELLED  # type: ignore[union-attr]

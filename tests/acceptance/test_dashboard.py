@@ -24,11 +24,14 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from tests.state import run_state
 
 from fairq import metrics
 from fairq.config import RunQueueConfig
+from fairq.consumer import Consumer
 from fairq.dashboard.app import create_app, create_server
 from fairq.dashboard.security import TOKEN_COOKIE
+from fairq.dashboard.views import load_queue_detail
 from fairq.keys import Environment
 from fairq.models import Delivery, NackOutcome
 from fairq.server import EmbeddedServer, connect, free_port
@@ -53,17 +56,19 @@ MakeQueue = Callable[..., Any]
 # ---------------------------------------------------------------------- workloads
 
 
-async def ck_workload(rq: RunQueue, env: Environment, queue: str = "emails") -> list[Delivery]:
+async def ck_workload(
+    rq: RunQueue, env: Environment, queue: str = "emails", t0: int = T0
+) -> list[Delivery]:
     """Given a CK queue with 16 runs over three keys and a limit of 2 per key, drained
-    until every variant is at its limit: 6 running, 10 queued."""
+    until every variant is at its limit: 6 running, 10 queued (clock: ``t0``)."""
     await rq.set_queue_concurrency(env, queue, 2)
     per_key = {"tenant-a": 10, "tenant-b": 4, "tenant-c": 2}
     for key, n in per_key.items():
         for i in range(n):
-            await rq.enqueue(env, queue, f"{key}-{i}", {"i": i}, concurrency_key=key, now_ms=T0 + i)
+            await rq.enqueue(env, queue, f"{key}-{i}", {"i": i}, concurrency_key=key, now_ms=t0 + i)
     leased: list[Delivery] = []
     for _ in range(10):
-        got = await rq.dequeue_from_queue(env, queue, keyed=True, max_count=10, now_ms=T0 + 100)
+        got = await rq.dequeue_from_queue(env, queue, keyed=True, max_count=10, now_ms=t0 + 100)
         if not got:
             break
         leased += got
@@ -164,7 +169,7 @@ async def test_redrive_button_moves_a_run_out_of_the_dlq(
 
     assert reply.status_code == 303
     assert reply.headers["location"].startswith(back + "?flash=")
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
     assert (await client.get(f"/api/queues/{env.id}/reports")).json()["dead_letters"] == []
     again = await client.post(
         f"/envs/{env.id}/dlq/r1/redrive", headers={"Accept": "application/json"}
@@ -194,7 +199,7 @@ async def test_redrive_refuses_a_form_posted_by_another_site(
     refused = await client.post(path, headers={"Origin": "https://evil.example"})
 
     assert refused.status_code == 403
-    assert await rq.run_state(env, "r3") == "dlq"
+    assert await run_state(rq, env, "r3") == "dlq"
     same_site = await client.post(path, headers={"Origin": "http://dash"})
     assert same_site.status_code == 303
 
@@ -211,20 +216,31 @@ async def test_metrics_exposes_per_queue_gauges_and_dequeue_latency(
     make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
 ) -> None:
     rq = await make_queue()
-    leased = await ck_workload(rq, env)
-    await metrics.record_dequeue(rq, leased, call_seconds=0.002, now_ms=T0 + 100)
+    # a consumer's dequeues are observed in fairq's registry (latency of each run leased);
+    # first, as its maintenance (server clock) would reclaim the logical-clock leases below
+    labels = {"env": env.id, "queue": "webhooks"}
+    count = "fairq_dequeue_latency_seconds_count"
+    before = metrics.REGISTRY.get_sample_value(count, labels) or 0.0
+    calls_before = metrics.REGISTRY.get_sample_value("fairq_dequeue_call_seconds_count") or 0.0
+    await rq.enqueue(env, "webhooks", "w1", concurrency_key="k")
+    async with Consumer(rq, env=env, queues=["webhooks"]) as consumer:
+        assert [d.run_id for d in await consumer.next_batch(10, timeout=5)] == ["w1"]
+    await ck_workload(rq, env)
 
     reply = await client_for(rq).get("/metrics")
 
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = reply.text
-    labels = f'env="{env.id}",queue="emails"'
-    assert f"fairq_queue_queued{{{labels}}} 10.0" in text
-    assert f"fairq_queue_running{{{labels}}} 6.0" in text
-    assert f"fairq_queue_oldest_wait_seconds{{{labels}}}" in text
+    emails = f'env="{env.id}",queue="emails"'
+    assert f"fairq_queue_queued{{{emails}}} 10.0" in text
+    assert f"fairq_queue_running{{{emails}}} 6.0" in text
+    assert f"fairq_queue_oldest_wait_seconds{{{emails}}}" in text
     assert f'fairq_env_dead_lettered{{env="{env.id}"}} 0.0' in text
-    assert f"fairq_dequeue_latency_seconds_count{{{labels}}}" in text
+    webhooks = f'env="{env.id}",queue="webhooks"'
+    assert f"fairq_dequeue_latency_seconds_count{{{webhooks}}} {before + 1}" in text
+    calls = metrics.REGISTRY.get_sample_value("fairq_dequeue_call_seconds_count")
+    assert calls is not None and calls >= calls_before + 1
     assert "fairq_dequeue_call_seconds_count" in text
     assert "python_gc_objects_collected_total" not in text  # not the global registry
 
@@ -232,28 +248,66 @@ async def test_metrics_exposes_per_queue_gauges_and_dequeue_latency(
 # ---------------------------------------------------------------------- served share
 
 
-async def test_served_share_prefers_the_record_workers_write(
+async def test_served_share_is_what_every_dequeue_served(
     make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
 ) -> None:
+    """No worker and no record call: the dequeue scripts count what they serve, per
+    tenant, in the queue's history; the chart reads that."""
     rq = await make_queue()
-    leased = await ck_workload(rq, env)
     now = wall_clock_ms()
-    await metrics.record_dequeue(rq, leased, now_ms=now)
-    await metrics.record_dequeue(rq, leased[:2], now_ms=now - metrics.SERVED_BUCKET_MS)
+    earlier = now - metrics.SERVED_BUCKET_MS
+    await rq.set_queue_concurrency(env, "emails", 2)
+    for key, n in {"tenant-a": 10, "tenant-b": 4, "tenant-c": 2}.items():
+        for i in range(n):
+            await rq.enqueue(env, "emails", f"{key}-{i}", concurrency_key=key, now_ms=earlier - 1)
+    first = await rq.dequeue(2, env=env, queues=["emails"], now_ms=earlier)
+    await rq.ack(first, now_ms=earlier)
+    # a reference model's serve of one key is counted too
+    variant = await rq.dequeue_variant(env, "emails", "tenant-c", now_ms=now)
+    leased = list(variant)
+    for _ in range(10):
+        got = await rq.dequeue_from_queue(env, "emails", keyed=True, max_count=10, now_ms=now)
+        if not got:
+            break
+        leased += got
+    assert (len(first), len(leased)) == (2, 6)
 
     served = (await client_for(rq).get(f"/api/queues/{env.id}/emails")).json()["served"]
 
-    assert served["source"] == "recorded"
+    assert served["source"] == "history"
     assert served["total"] == 8
     shares = {s["label"]: round(s["share"], 3) for s in served["series"]}
-    served_per_key = Counter(d.concurrency_key for d in [*leased, *leased[:2]])
-    expected = {key: round(n / 8, 3) for key, n in served_per_key.items()}
-    assert shares == expected
-    assert sum(s["counts"][-1] for s in served["series"]) == 6
-    assert sum(s["counts"][-2] for s in served["series"]) == 2
-    bucket = now // metrics.SERVED_BUCKET_MS
-    ttl = await rq.client.ttl(metrics.served_key(rq, env, "emails", bucket))
-    assert 0 < ttl <= metrics.SERVED_RETENTION_SECONDS
+    served_per_key = Counter(d.concurrency_key for d in [*first, *leased])
+    assert shares == {key: round(n / 8, 3) for key, n in served_per_key.items()}
+    # by window (read at the dequeues' own clock: the wall clock may cross a window)
+    detail = (await load_queue_detail(rq, env, "emails", now_ms=now)).served
+    assert sum(s["counts"][-1] for s in detail["series"]) == 6
+    assert sum(s["counts"][-2] for s in detail["series"]) == 2
+    assert detail["windows"][-1] == now // metrics.SERVED_BUCKET_MS * metrics.SERVED_BUCKET_MS
+    # the history expires by itself (kept an hour, plus a margin)
+    ttl = await rq.client.ttl(rq.keys.queue(env, "emails").history(now // metrics.SERVED_BUCKET_MS))
+    assert 3_600 <= ttl <= 3_900
+
+
+async def test_served_share_names_tenants(
+    make_queue: MakeQueue, env: Environment, client_for: Callable[..., httpx.AsyncClient]
+) -> None:
+    rq = await make_queue(vtime={"enabled": True})
+    now = wall_clock_ms()
+    for i in range(3):
+        await rq.enqueue(env, "jobs", f"a{i}", concurrency_key=f"user-{i}", tenant="acme",
+                         now_ms=now - 1)  # fmt: skip
+    await rq.enqueue(env, "jobs", "solo", concurrency_key="solo-key", now_ms=now - 1)
+    await rq.enqueue(env, "jobs", "plain", now_ms=now - 1)
+    assert len(await rq.dequeue(10, env=env, queues=["jobs"], now_ms=now)) == 5
+
+    detail = (await load_queue_detail(rq, env, "jobs", now_ms=now)).served
+
+    # a named tenant over its keys, a key that is its own tenant, the keyless runs
+    assert {s["label"]: s["counts"][-1] for s in detail["series"]} == {
+        "acme": 3, "solo-key": 1, "(no key)": 1,
+    }  # fmt: skip
+    assert (await client_for(rq).get(f"/api/queues/{env.id}/jobs")).json()["fair_order"] is True
 
 
 # ---------------------------------------------------------------------- access token
@@ -422,7 +476,7 @@ async def test_the_page_shows_ck_counts_live_and_redrive_empties_the_dlq(
                 await expect(page.locator("#flash")).to_have_text("redriven r1")
                 await expect(page.locator('#dlq tr[data-run="r1"]')).to_have_count(0)
                 await expect(page.locator("#dlq-count")).to_have_text("0")
-                assert await rq.run_state(env, "r1") == "queued"
+                assert await run_state(rq, env, "r1") == "queued"
             finally:
                 await browser.close()
 
@@ -496,8 +550,8 @@ async def test_the_pages_work_under_their_csp_and_nothing_can_frame_them(
     from playwright.async_api import async_playwright, expect
 
     rq = await make_queue()
-    leased = await ck_workload(rq, env)
-    await metrics.record_dequeue(rq, leased, now_ms=wall_clock_ms())  # the chart has a legend
+    # served within the chart's window: the chart has a legend
+    await ck_workload(rq, env, t0=wall_clock_ms() - 1_000)
 
     with ThreadedDashboard(redis_url, rq.config) as dash:
         async with async_playwright() as pw:
@@ -603,8 +657,8 @@ LIGHT_TENANTS = {
 
 async def realistic_workload(rq: RunQueue, env: Environment, now: int) -> None:
     """Five simulated minutes (2 s steps) of a multi-tenant video queue in fair order: one
-    tenant with a big backlog, light tenants arriving over time, workers recording what
-    they serve, runs taking 6-8 s."""
+    tenant with a big backlog, light tenants arriving over time (every dequeue counts
+    what it serves), runs taking 6-8 s."""
     queue = "video/encode"
     await rq.set_env_limits(env, concurrency=40)
     await rq.set_queue_concurrency(env, queue, 4)
@@ -625,7 +679,6 @@ async def realistic_workload(rq: RunQueue, env: Environment, now: int) -> None:
         if done:
             await rq.ack(done, now_ms=t)
         got = await rq.dequeue_from_queue(env, queue, keyed=True, max_count=8, now_ms=t)
-        await metrics.record_dequeue(rq, got, now_ms=t)
         running += [(t + 6_000 + 500 * (i % 5), d) for i, d in enumerate(got)]
     for i in range(120):
         await rq.enqueue(env, "emails/send", f"mail-{i}", {"to": i}, now_ms=now - 20_000 + i)

@@ -14,6 +14,7 @@ from urllib.parse import quote, unquote
 import httpx
 import pytest
 from starlette.types import Message
+from tests.state import run_state
 
 from fairq.dashboard.app import create_app
 from fairq.dashboard.security import MAX_BODY_BYTES, TOKEN_COOKIE
@@ -109,7 +110,7 @@ async def test_every_kind_of_response_carries_the_security_headers(
     locked = await client_for(rq, token="s3cret").get("/api/overview")
     assert locked.status_code == 401
     assert_security_headers(locked)
-    assert await rq.run_state(env, "r1") == "dlq"
+    assert await run_state(rq, env, "r1") == "dlq"
 
 
 # ---------------------------------------------------------------------- cross-site POST
@@ -136,18 +137,18 @@ async def test_a_cross_site_post_is_refused_and_changes_nothing(
         refused = await client.post(path, data=form, headers=headers)
         assert refused.status_code == 403, headers
         assert "cross-site request refused" in refused.text, headers
-        assert await rq.run_state(env, "r1") == "dlq", headers
+        assert await run_state(rq, env, "r1") == "dlq", headers
         assert [d.run_id for d in await rq.dead_letters(env)] == ["r1"], headers
 
     # The dashboard's own form (same origin), then a user-initiated one, are accepted.
     own = {"Sec-Fetch-Site": "same-origin", "Origin": f"http://{HOST}"}
     accepted = await client.post(path, data=form, headers=own)
     assert accepted.status_code == 303
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
     await dead_letter(rq, env, "r2")
     typed = await client.post(f"/envs/{e(env)}/dlq/r2/redrive", headers={"Sec-Fetch-Site": "none"})
     assert typed.status_code == 303
-    assert await rq.run_state(env, "r2") == "queued"
+    assert await run_state(rq, env, "r2") == "queued"
 
 
 async def test_the_token_does_not_excuse_a_cross_site_post(
@@ -162,9 +163,9 @@ async def test_the_token_does_not_excuse_a_cross_site_post(
     refused = await client.post(path, headers={**bearer, "Sec-Fetch-Site": "cross-site"})
 
     assert refused.status_code == 403
-    assert await rq.run_state(env, "r1") == "dlq"
+    assert await run_state(rq, env, "r1") == "dlq"
     assert (await client.post(path, headers=bearer)).status_code == 303
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
 
 
 async def test_a_link_from_another_site_still_opens_the_pages(
@@ -194,7 +195,7 @@ async def test_a_body_over_the_cap_is_refused_and_changes_nothing(
 
     assert over.status_code == 413
     assert f"larger than {MAX_BODY_BYTES} bytes" in over.text
-    assert await rq.run_state(env, "r1") == "dlq"
+    assert await run_state(rq, env, "r1") == "dlq"
     # Exactly at the cap is accepted.
     at_cap = await client.post(
         path,
@@ -203,7 +204,7 @@ async def test_a_body_over_the_cap_is_refused_and_changes_nothing(
     )
     assert at_cap.status_code == 303
     assert at_cap.headers["location"].startswith(back + "?flash=")
-    assert await rq.run_state(env, "r1") == "queued"
+    assert await run_state(rq, env, "r1") == "queued"
 
 
 def asgi_scope(
@@ -265,7 +266,7 @@ async def test_a_streamed_body_is_cut_off_as_soon_as_it_goes_over_the_cap(
 
     assert status == 413 and b"larger than" in body, body
     assert read == MAX_BODY_BYTES // len(chunk) + 1
-    assert await rq.run_state(env, "r1") == "dlq"
+    assert await run_state(rq, env, "r1") == "dlq"
 
     # A declared length over the cap: refused before one byte is read.
     declared = [(b"content-length", str(100 * len(chunk)).encode())]
@@ -274,7 +275,7 @@ async def test_a_streamed_body_is_cut_off_as_soon_as_it_goes_over_the_cap(
     bad = [(b"content-length", b"12, 12")]
     status, _, read, _ = await call_asgi(app, asgi_scope(path, bad), iter([chunk]))
     assert (status, read) == (400, 0)
-    assert await rq.run_state(env, "r1") == "dlq"
+    assert await run_state(rq, env, "r1") == "dlq"
 
 
 # ---------------------------------------------------------------------- names like paths

@@ -84,6 +84,8 @@ async def test_stats_json_and_the_dashboard_overview_agree(
         ("tenant-c", 0, 1),
     ]
     assert (reports["paused"], reports["queue_size_limit"]) == (True, None)  # 0 = no cap
+    # pausing is a flag now: the queue keeps its limit (here: none) while paused
+    assert reports["concurrency_limit"] is None
     assert from_cli["dead_lettered"] == 1
 
 
@@ -103,7 +105,8 @@ async def test_stats_table_shows_the_same_rows(
     keys = [cells[cells.index("key") + 1] for cells in lines if "key" in cells]
     assert keys == ["tenant-a", "tenant-b", "tenant-c"]
     reports = next(cells for cells in lines if "reports" in cells)
-    assert reports[reports.index("reports") + 1 :] == ["1", "0", "0", "-", "paused"]
+    # queued running limit size-limit paused: pausing is a flag, not a limit of 0
+    assert reports[reports.index("reports") + 1 :] == ["1", "0", "-", "-", "paused"]
 
 
 def test_stats_refuses_a_watch_interval_that_is_not_positive(redis_url: str, prefix: str) -> None:

@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.state import run_state
 
-from fairq import keys as K
-from fairq.app import Fairq, PermanentError, RunFailedError, RunStatus, TriggerItem
+from fairq.app import Fairq
 from fairq.config import RetryPolicy, RunQueueConfig
-from fairq.errors import PayloadError, QueueSizeLimitExceededError
+from fairq.errors import PayloadError, PermanentError, QueueSizeLimitExceededError, RunFailedError
 from fairq.keys import Environment
-from fairq.models import EnqueueStatus
+from fairq.models import CancelOutcome, EnqueueStatus
+from fairq.outcomes import RunStatus
+from fairq.tasks import TriggerItem
 from fairq.worker import Worker, current_run
 
 #: Retries without real backoff waits.
@@ -96,10 +98,10 @@ async def test_async_and_sync_tasks_complete_and_keep_their_results(app: Fairq) 
     assert seen_threads and all(name.startswith("fairq-task") for name in seen_threads)
     # the outcome is retained for result_ttl_seconds
     rq = await app.queue()
-    ttl = await rq.client.ttl(K.run_outcome_key(rq.keys, app.env, h1.run_id))
+    ttl = await rq.client.ttl(rq.keys.env(app.env).outcome(h1.run_id))
     assert 0 < ttl <= app.result_ttl_seconds
     # and the run itself is gone from the queue
-    assert await rq.run_state(app.env, h1.run_id) is None
+    assert await run_state(rq, app.env, h1.run_id) is None
 
 
 async def test_a_failed_attempt_is_retried_then_succeeds(app: Fairq) -> None:
@@ -205,13 +207,12 @@ async def test_a_run_not_started_within_its_ttl_reports_expired(app: Fairq) -> N
 
     handle = await timely.trigger(1, ttl=0.001)
     rq = await app.queue()
-    await rq.expire_ttl(now_ms=int(time.time() * 1000) + 1_000)
-    # found in the expiry stream before any worker copied it
+    assert await rq.expire_ttl(now_ms=int(time.time() * 1000) + 1_000) == 1
+    # the expiry script itself keeps the outcome (there is no expiry stream to copy from)
     info = await handle.info()
     assert info is not None and info.status is RunStatus.EXPIRED
-    # and kept as an outcome once recorded
-    assert await app.record_expired() >= 1
-    assert await rq.client.exists(K.run_outcome_key(rq.keys, app.env, handle.run_id))
+    assert await rq.client.exists(rq.keys.env(app.env).outcome(handle.run_id))
+    assert await run_state(rq, app.env, handle.run_id) is None
     with pytest.raises(RunFailedError, match="expired"):
         await handle.wait(timeout=1)
 
@@ -404,7 +405,7 @@ async def test_a_cancelled_run_never_runs_and_reports_cancelled(app: Fairq) -> N
     drop = await job.trigger({"name": "drop"}, concurrency_key="t1")
 
     # When one is cancelled before a worker starts
-    assert (await drop.cancel()).name == "CANCELLED"
+    assert await drop.cancel() is CancelOutcome.CANCELLED
 
     # Then the worker runs only the other, and the cancelled one reports so
     async with RunningWorker(app, concurrency=2):
@@ -413,4 +414,5 @@ async def test_a_cancelled_run_never_runs_and_reports_cancelled(app: Fairq) -> N
     with pytest.raises(RunFailedError) as caught:
         await drop.wait(timeout=5)
     assert caught.value.status is RunStatus.CANCELLED
-    assert (await app.cancel(keep.run_id)).name == "UNKNOWN"
+    # a completed run without a kept outcome is gone: nothing to cancel
+    assert await app.cancel(keep.run_id) is CancelOutcome.UNKNOWN

@@ -432,8 +432,6 @@ async def test_key_caps_are_the_servers(redis_url: str, discipline: str) -> None
     assert record["groups"]["zquick"]["max_wait"] <= 2
 
 
-@pytest.mark.xfail(strict=True, reason="store: a key cap above the per-key limit is cut back "
-                   "to it (notes/bugs-apps.md, 3)")  # fmt: skip
 @pytest.mark.parametrize("discipline", ["age:max_per_key_per_call=10", "sfq"])
 async def test_a_key_cap_of_0_lifts_the_per_key_cap(redis_url: str, discipline: str) -> None:
     record, trace = await traced(redis_url, CAPS, discipline)

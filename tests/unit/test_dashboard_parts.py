@@ -1,6 +1,6 @@
-"""The dashboard's parts that need no server: the served-share sampler and chart, the
-view models, the security rules, and the rule that the dashboard reads the store only
-through RunQueue's public methods."""
+"""The dashboard's parts that need no server: the served-share chart, the view models,
+the security rules, and the rule that the dashboard reads the store only through
+RunQueue's public methods."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import pytest
 from starlette.datastructures import Headers
 
 import fairq
-from fairq import metrics
 from fairq.dashboard.app import display_url, queue_api_path, queue_path, redrive_path
 from fairq.dashboard.security import cross_site_reason, local_path
-from fairq.dashboard.served import ServedSampler, served_share
+from fairq.dashboard.served import OVERFLOW_TENANT, served_share
 from fairq.dashboard.views import EnvView, QueueView, format_wait
 from fairq.keys import Environment
 from fairq.models import EnvStats, QueueStats, VariantStats
@@ -22,30 +21,13 @@ from fairq.models import EnvStats, QueueStats, VariantStats
 # ---------------------------------------------------------------------- served share
 
 
-def _stats(env: Environment, **queued: int) -> QueueStats:
-    variants = [VariantStats(k, n, 0, None) for k, n in queued.items()]
-    return QueueStats(env, "q", sum(queued.values()), 0, None, None, None, variants)
+def test_the_served_share_has_no_in_memory_estimate_left() -> None:
+    """Every dequeue records what it serves (the scripts' history), so the dashboard
+    keeps no sampler of its own: the chart's one source is the history."""
+    from fairq.dashboard import served
 
-
-def test_served_share_is_estimated_from_backlog_drops_without_a_record(env: Environment) -> None:
-    sampler = ServedSampler()
-    now = 10 * metrics.SERVED_BUCKET_MS * 1000
-    sampler.observe(_stats(env, a=50, b=5), now)
-    sampler.observe(_stats(env, a=47, b=4), now + 1500)  # a served 3, b 1
-    sampler.observe(_stats(env, a=49, b=3), now + 3000)  # a grew (arrivals): not served
-
-    windows = sampler.windows(env, "q", now + 3000)
-
-    assert windows[-1] == (now, {"a": 3, "b": 2})
-    assert sum(1 for _, counts in windows if counts) == 1
-
-
-def test_the_sampler_forgets_least_recently_polled_queues(env: Environment) -> None:
-    sampler = ServedSampler(max_queues=2)
-    for name in ("q1", "q2", "q3"):
-        stats = _stats(env, a=1)
-        sampler.observe(QueueStats(env, name, 1, 0, None, None, None, stats.variants), 0)
-    assert sampler.tracked() == [(env.id, "q2"), (env.id, "q3")]
+    assert not hasattr(served, "ServedSampler")
+    assert served.SOURCE == "history"
 
 
 def test_the_chart_shows_the_busiest_keys_and_sums_the_rest() -> None:
@@ -54,12 +36,15 @@ def test_the_chart_shows_the_busiest_keys_and_sums_the_rest() -> None:
     chart = served_share([(0, counts), (10_000, {"k0": 5})], top=3)
 
     labels = [s["label"] for s in chart["series"]]
-    assert labels == ["k9", "k8", "k7", "other (8 keys)"]
+    assert labels == ["k9", "k8", "k7", "other (8 tenants)"]
     assert chart["total"] == sum(n for n in counts.values() if n) + 5
     assert chart["series"][-1]["counts"] == [10 + 11 + 12 + 13 + 14 + 15 + 16 + 1, 5]
     assert sum(s["share"] for s in chart["series"]) == pytest.approx(1.0)
     keyless = served_share([(0, {None: 2})])["series"]
     assert [(s["key"], s["label"], s["share"]) for s in keyless] == [(None, "(no key)", 1.0)]
+    # a full history bucket counts further tenants together under "~"
+    full = served_share([(0, {"acme": 3, OVERFLOW_TENANT: 1})])["series"]
+    assert [(s["key"], s["label"]) for s in full] == [("acme", "acme"), ("~", "(more tenants)")]
 
 
 # ---------------------------------------------------------------------- view models

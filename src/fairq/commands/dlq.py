@@ -19,6 +19,10 @@ def command() -> None:
     """Dead-lettered runs: `fairq dlq list ENV`, `fairq dlq redrive ENV RUN_ID... | --all`."""
 
 
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 @command.command(name="list")
 @click.argument("env_name", metavar="ENV")
 @click.option("--limit", default=100, show_default=True, help="Show at most this many.")
@@ -34,14 +38,16 @@ async def list_dead_letters(env_name: str, limit: int, url: str | None) -> None:
     finally:
         await rq.close()
     table = Table(title=f"dead letters of {env} ({total})", title_justify="left")
-    for name in ("Run", "Queue", "Key", "Attempts", "Dead-lettered at", "Payload"):
+    for name in ("Run", "Queue", "Key", "Tenant", "Attempts", "Dead-lettered at", "Last error",
+                 "Payload"):  # fmt: skip
         table.add_column(name, overflow="fold")
     for r in runs:
         at = dt.datetime.fromtimestamp(r.dead_lettered_at_ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
-        payload = r.payload_json if len(r.payload_json) <= 60 else r.payload_json[:57] + "..."
+        error, payload = _short(r.error or "", 80), _short(r.payload_json, 60)
         table.add_row(
-            r.run_id, r.queue, escape(r.concurrency_key or ""), str(r.attempt), at, escape(payload)
-        )
+            r.run_id, r.queue, escape(r.concurrency_key or ""), escape(r.tenant or ""),
+            str(r.attempt), at, escape(error), escape(payload),
+        )  # fmt: skip
     Console(emoji=False, highlight=False, width=max(Console().width, 120)).print(table)
 
 
@@ -61,19 +67,26 @@ async def redrive(
     rq = await open_queue(url)
     done, missing = 0, []
     try:
-        ids = list(run_ids)
         if redrive_all:
+            # every run that is in the dead-letter queue now; one dead-lettered again
+            # while this runs (a live worker) is not redriven twice
+            seen: set[str] = set()
             while True:
-                batch = [r.run_id for r in await rq.dead_letters(env, limit=500)]
-                batch = [r for r in batch if r not in ids]
+                batch = [
+                    d.run_id for d in await rq.dead_letters(env, limit=500) if d.run_id not in seen
+                ]
                 if not batch:
                     break
                 for run_id in batch:
-                    ids.append(run_id)
-                    await rq.redrive(env, run_id)
-                    done += 1
-            ids = list(run_ids)
-        for run_id in ids:
+                    seen.add(run_id)
+                    try:
+                        await rq.redrive(env, run_id)
+                        done += 1
+                    except RunNotFoundError:
+                        pass  # cancelled or redriven by someone else meanwhile
+        for run_id in run_ids:
+            if redrive_all and run_id in seen:
+                continue
             try:
                 await rq.redrive(env, run_id)
                 done += 1

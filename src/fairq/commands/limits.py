@@ -1,15 +1,41 @@
-"""``fairq limits``: get or set environment and queue limits; pause and resume queues."""
+"""``fairq limits``: get or set environment and queue limits; pause and resume queues.
+
+Every ``set`` is validated whole before anything is written, then applied in one atomic
+step (:meth:`fairq.store.RunQueue.configure`): a command with one bad value changes
+nothing, and a setting it does not name (or clears with ``none``) leaves every other
+setting as it is. Pausing is a flag: ``pause`` then ``resume`` keeps the queue's limits.
+"""
 
 from __future__ import annotations
+
+from typing import Final
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from fairq.commands._common import open_queue, run_async, url_option
-from fairq.errors import FairqError
+from fairq.errors import InvalidLimitError, InvalidNameError
 from fairq.keys import Environment
 from fairq.store.admin import Change, env_option, queue_option
+from fairq.store.options import parse_rate
+
+#: Words that remove a setting (back to the default).
+CLEAR_WORDS: Final = ("none", "unset", "default")
+#: How errors name each stored setting (env, queue).
+_NAMES: Final = {
+    (True, "concurrency"): "env concurrency limit",
+    (True, "burst_factor"): "burst factor",
+    (True, "max_queue_size"): "env queue size limit",
+    (True, "order"): "env order",
+    (False, "concurrency"): "queue concurrency limit",
+    (False, "max_size"): "queue size limit",
+    (False, "total"): "total concurrency limit",
+    (False, "rate"): "rate",
+    (False, "rate_burst"): "rate burst",
+    (False, "order"): "queue order",
+    (False, "borrow"): "borrow",
+}
 
 
 def _env(value: str) -> Environment:
@@ -19,27 +45,46 @@ def _env(value: str) -> Environment:
         raise click.BadParameter(str(exc), param_hint="ENV") from None
 
 
-def _optional_int(value: str | None, name: str) -> tuple[bool, int | None]:
-    """(given, value): 'none' removes the setting."""
-    if value is None:
-        return False, None
-    if value.lower() in ("none", "unset", "default"):
-        return True, None
+def _cleared(value: str) -> bool:
+    return value.strip().lower() in CLEAR_WORDS
+
+
+def _number(value: str, flag: str, kind: type[int] | type[float]) -> int | float:
     try:
-        return True, int(value)
+        return kind(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number or 'none'", param_hint=name) from None
+        what = "an integer" if kind is int else "a number"
+        raise click.UsageError(f"{flag}: {value!r} is not {what} or 'none'") from None
+
+
+def _change(queue: str | None, name: str, value: object) -> Change:
+    """One validated change (None removes the setting); a bad value is a clear error."""
+    try:
+        if queue is None:
+            return env_option(name, value)
+        return queue_option(queue, name, value)
+    except InvalidLimitError as exc:
+        label = _NAMES.get((queue is None, name), name)
+        raise click.ClickException(str(InvalidLimitError(label, exc.value, exc.reason))) from None
+    except InvalidNameError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group(name="limits")
 def command() -> None:
-    """Get or set limits: `fairq limits get ENV`, `fairq limits set ENV [QUEUE] ...`,
-    `fairq limits pause ENV QUEUE`, `fairq limits resume ENV QUEUE`.
+    """Get or set limits: `fairq limits get ENV [QUEUE]`, `fairq limits set ENV [QUEUE]
+    ...`, `fairq limits pause ENV QUEUE`, `fairq limits resume ENV QUEUE`.
 
     ENV is org:project:env. Env limits: concurrency (runs in flight across its queues),
-    burst factor (one queue may use concurrency x burst), default queue size limit.
-    Queue limits: concurrency (per concurrency key when runs have keys) and size limit.
+    burst factor (one queue may use concurrency x burst), default queue size limit, and
+    the default order of its queues. Queue limits: concurrency (per concurrency key when
+    runs have keys), size limit, total concurrency (across all its keys), start rate,
+    order, borrowing.
     """
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 @command.command(name="get")
@@ -59,82 +104,137 @@ async def get_limits(env_name: str, queue: str | None, url: str | None) -> None:
         await rq.close()
     table = Table(title=f"limits of {env}", title_justify="left")
     table.add_column("Scope")
-    for name in ("Concurrency", "Burst", "Size limit", "Running"):
+    for name in ("Concurrency", "Burst", "Size limit", "Total", "Rate/s", "Running"):
         table.add_column(name, justify="right")
-    table.add_column("Paused")
+    for name in ("Order", "Paused"):
+        table.add_column(name)
     table.add_row(
-        "env", str(e.concurrency_limit), f"{e.burst_factor:g}",
-        "-" if e.queue_size_limit is None else str(e.queue_size_limit), str(e.running), "",
+        "env", str(e.concurrency_limit), f"{e.burst_factor:g}", _limit(e.queue_size_limit),
+        "", "", str(e.running), e.order, "",
     )  # fmt: skip
     for q in stats:
+        rate = (
+            "-"
+            if q.rate is None
+            else f"{q.rate:g}"
+            + (f" (burst {q.rate_burst})" if q.rate_burst and q.rate_burst > 1 else "")
+        )
         table.add_row(
             f"queue {q.queue}",
-            "-" if q.concurrency_limit is None else str(q.concurrency_limit),
-            "",
-            "-" if q.queue_size_limit is None else str(q.queue_size_limit),
+            _limit(q.concurrency_limit),
+            "borrow" if q.borrow else "",
+            _limit(q.queue_size_limit),
+            _limit(q.total_concurrency_limit),
+            rate,
             str(q.running),
+            q.order,
             "paused" if q.paused else "",
         )
-    Console(emoji=False, highlight=False).print(table)
+    Console(emoji=False, highlight=False, width=160).print(table)
 
 
 @command.command(name="set")
 @click.argument("env_name", metavar="ENV")
 @click.argument("queue", required=False)
 @click.option("--concurrency", default=None, help="Concurrency limit ('none' removes it).")
-@click.option("--burst", type=float, default=None, help="Env burst factor (1..100).")
+@click.option("--burst", default=None, help="Env burst factor, 1..100 ('none' removes it).")
 @click.option("--size-limit", default=None, help="Queue size limit ('none' removes it).")
+@click.option("--order", default=None, help="Dequeue order: age, fair ('none' removes it).")
+@click.option("--total", default=None, help="Queue: runs in flight across all its keys.")
+@click.option("--rate", default=None, help="Queue: start rate, e.g. 100/s, 30/m, 5/h.")
+@click.option("--rate-burst", type=int, default=None, help="Queue: starts allowed at once.")
+@click.option("--borrow/--no-borrow", default=None, help="Queue: capped keys borrow idle slots.")
 @url_option
 @run_async
 async def set_limits(
     env_name: str,
     queue: str | None,
     concurrency: str | None,
-    burst: float | None,
+    burst: str | None,
     size_limit: str | None,
+    order: str | None,
+    total: str | None,
+    rate: str | None,
+    rate_burst: int | None,
+    borrow: bool | None,
     url: str | None,
 ) -> None:
-    """Set env limits (no QUEUE) or a queue's limits.
+    """Set env limits (no QUEUE) or a queue's limits, all at once or none.
 
     \b
     fairq limits set acme:shop:prod --concurrency 50 --burst 2 --size-limit 10000
-    fairq limits set acme:shop:prod emails --concurrency 5 --size-limit 500
+    fairq limits set acme:shop:prod emails --concurrency 5 --size-limit 500 --order fair
+    fairq limits set acme:shop:prod emails --rate 20/s --rate-burst 5 --total 40
+    fairq limits set acme:shop:prod emails --size-limit none   # only the size limit goes
     """
     env = _env(env_name)
-    has_conc, conc = _optional_int(concurrency, "--concurrency")
-    has_size, size = _optional_int(size_limit, "--size-limit")
-    if not (has_conc or has_size or burst is not None):
-        raise click.UsageError("nothing to set: give --concurrency, --size-limit or --burst")
-    # the whole command is validated before anything is written, then applied at once
+    given = {
+        "--concurrency": concurrency, "--burst": burst, "--size-limit": size_limit,
+        "--order": order, "--total": total, "--rate": rate,
+    }  # fmt: skip
+    if all(v is None for v in given.values()) and rate_burst is None and borrow is None:
+        raise click.UsageError("nothing to set: give at least one limit (see --help)")
+    if queue is None:
+        misplaced = [f for f in ("--total", "--rate") if given[f] is not None]
+        misplaced += ["--rate-burst"] if rate_burst is not None else []
+        misplaced += ["--borrow"] if borrow is not None else []
+        if misplaced:
+            raise click.UsageError(f"{', '.join(misplaced)} apply to a queue: name QUEUE")
+    elif burst is not None:
+        raise click.UsageError("--burst applies to an environment, not a queue")
+    # every value is validated before anything is written, then all apply in one step
     changes: list[Change] = []
-    try:
-        if queue is None:
-            if has_conc:
-                changes.append(env_option("concurrency", conc))
-            if burst is not None:
-                changes.append(env_option("burst_factor", burst))
-            if has_size:
-                changes.append(env_option("max_queue_size", size))
+    said: list[str] = []
+
+    def add(name: str, value: object, text: str) -> None:
+        changes.append(_change(queue, name, value))
+        said.append(text)
+
+    def integer(flag: str, name: str, raw: str | None, label: str) -> None:
+        if raw is None:
+            return
+        if _cleared(raw):
+            add(name, None, f"{label} removed")
         else:
-            if burst is not None:
-                raise click.UsageError("--burst applies to an environment, not a queue")
-            if has_conc:
-                changes.append(queue_option(queue, "concurrency", conc))
-            if has_size:
-                changes.append(queue_option(queue, "max_size", size))
-    except FairqError as exc:
-        raise click.BadParameter(str(exc)) from None
+            value = _number(raw, flag, int)
+            add(name, value, f"{label} {value}")
+
+    integer("--concurrency", "concurrency", concurrency, "concurrency")
+    if burst is not None:
+        if _cleared(burst):
+            add("burst_factor", None, "burst removed")
+        else:
+            value = _number(burst, "--burst", float)
+            add("burst_factor", value, f"burst {value:g}")
+    integer("--size-limit", "max_queue_size" if queue is None else "max_size", size_limit,
+            "size limit")  # fmt: skip
+    if order is not None:
+        if _cleared(order):
+            add("order", None, "order removed")
+        else:
+            add("order", order.strip().lower(), f"order {order.strip().lower()}")
+    integer("--total", "total", total, "total")
+    if rate is not None:
+        if _cleared(rate):
+            add("rate", None, "rate removed")
+            if rate_burst is None:
+                changes.append(_change(queue, "rate_burst", None))
+        else:
+            try:
+                per_second = parse_rate(rate)
+            except InvalidLimitError as exc:
+                raise click.ClickException(str(exc)) from None
+            add("rate", per_second, f"rate {per_second:g}/s")
+    if rate_burst is not None:
+        add("rate_burst", rate_burst, f"rate burst {rate_burst}")
+    if borrow is not None:
+        add("borrow", True if borrow else None, "borrowing on" if borrow else "borrowing off")
     rq = await open_queue(url)
     try:
         await rq.configure(env, changes)
     finally:
         await rq.close()
-    parts = [
-        f"concurrency {conc if conc is not None else 'removed'}" if has_conc else "",
-        f"burst {burst:g}" if burst is not None else "",
-        f"size limit {size if size is not None else 'removed'}" if has_size else "",
-    ]
-    click.echo(f"{env}{' ' + queue if queue else ''}: " + ", ".join(p for p in parts if p))
+    click.echo(f"{env}{' ' + queue if queue else ''}: " + ", ".join(said))
 
 
 @command.command(name="pause")
@@ -143,11 +243,13 @@ async def set_limits(
 @url_option
 @run_async
 async def pause(env_name: str, queue: str, url: str | None) -> None:
-    """Pause a queue: its runs stay queued, none starts (running ones finish)."""
+    """Pause a queue: its runs stay queued, none starts (running ones finish); its
+    limits are kept."""
     env = _env(env_name)
+    change = _change(queue, "paused", True)
     rq = await open_queue(url)
     try:
-        await rq.pause_queue(env, queue)
+        await rq.configure(env, [change])
     finally:
         await rq.close()
     click.echo(f"{env} {queue}: paused")
@@ -162,18 +264,18 @@ async def pause(env_name: str, queue: str, url: str | None) -> None:
 async def resume(env_name: str, queue: str, concurrency: int | None, url: str | None) -> None:
     """Resume a paused queue (it keeps its concurrency limit unless --concurrency)."""
     env = _env(env_name)
-    try:
-        changes = [queue_option(queue, "paused", None)]
-        if concurrency is not None:
-            changes.append(queue_option(queue, "concurrency", concurrency))
-    except FairqError as exc:
-        raise click.BadParameter(str(exc)) from None
+    changes = [_change(queue, "paused", None)]
+    if concurrency is not None:
+        changes.append(_change(queue, "concurrency", concurrency))
     rq = await open_queue(url)
     try:
         await rq.configure(env, changes)
     finally:
         await rq.close()
-    click.echo(f"{env} {queue}: resumed")
+    click.echo(
+        f"{env} {queue}: resumed"
+        + (f", concurrency {concurrency}" if concurrency is not None else "")
+    )
 
 
 @command.command(name="weight")
@@ -187,7 +289,7 @@ async def weight(env_name: str, queue: str, key: str, weight: str | None, url: s
     """Weight a concurrency key in the fair order (2 = twice the share); omit to reset."""
     env = _env(env_name)
     try:
-        value = None if weight is None or weight.lower() == "none" else float(weight)
+        value = None if weight is None or _cleared(weight) else float(weight)
     except ValueError:
         raise click.BadParameter(
             f"{weight!r} is not a number or 'none'", param_hint="WEIGHT"

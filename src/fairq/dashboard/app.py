@@ -9,6 +9,7 @@ Routes
 ``GET /``                               environments and their queues (Queued | Running…)
 ``GET /api/overview``                   the same, as JSON
 ``GET /queues/{env}/{queue}``           one queue: CK variants, the env's DLQ, served share
+                                        (per tenant, from the dequeue scripts' history)
 ``GET /api/queues/{env}/{queue}``       the same, as JSON
 ``POST /envs/{env}/dlq/{run}/redrive``  move a dead-lettered run back to its queue
 ``GET /metrics``                        Prometheus text format
@@ -61,7 +62,6 @@ from fairq.dashboard.security import (
     TokenMiddleware,
     local_path,
 )
-from fairq.dashboard.served import ServedSampler
 from fairq.dashboard.views import format_wait, load_overview, load_queue_detail
 from fairq.errors import FairqError, RunNotFoundError, ServerUnavailableError
 from fairq.keys import Environment
@@ -188,7 +188,6 @@ def create_app(
     if max_body_bytes < 0:
         raise ValueError(f"max_body_bytes must be >= 0, got {max_body_bytes!r}")
     templates = _templates()
-    sampler = ServedSampler()
     shown_url = display_url(server_url) if server_url else None
     unavailable_text = (
         f"the fairq server at {shown_url} is not answering; retrying"
@@ -213,13 +212,13 @@ def create_app(
 
     async def queue_page(request: Request) -> Response:
         env, queue = _env_param(request), request.path_params["queue"]
-        data = (await within(load_queue_detail(rq, sampler, env, queue))).to_json()
+        data = (await within(load_queue_detail(rq, env, queue))).to_json()
         flash = request.query_params.get("flash")
         return page("queue.html", request, {"data": data, "flash": flash})
 
     async def api_queue(request: Request) -> Response:
         env, queue = _env_param(request), request.path_params["queue"]
-        return JSONResponse((await within(load_queue_detail(rq, sampler, env, queue))).to_json())
+        return JSONResponse((await within(load_queue_detail(rq, env, queue))).to_json())
 
     async def redrive(request: Request) -> Response:
         # Cross-site posts never get here (CrossSiteMiddleware).

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fairq.dashboard.served import ServedSampler, served_chart
+from fairq.dashboard.served import served_chart
 from fairq.keys import Environment
 from fairq.models import DeadLetter, EnvStats, QueueStats, VariantStats
 from fairq.store import RunQueue, wall_clock_ms
@@ -64,6 +64,10 @@ class VariantView:
     oldest_wait_s: float | None
     virtual_tag: float | None
     weight: float
+    #: The tenant named at enqueue (None: the key is its own tenant).
+    tenant: str | None = None
+    #: The key's own concurrency cap (None: the queue's limit).
+    cap: int | None = None
 
     @classmethod
     def of(cls, v: VariantStats, now_ms: int) -> VariantView:
@@ -74,6 +78,8 @@ class VariantView:
             oldest_wait_s=oldest_wait_s(v.oldest_score_ms, now_ms),
             virtual_tag=v.virtual_tag,
             weight=v.weight,
+            tenant=v.tenant,
+            cap=v.cap,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +90,8 @@ class VariantView:
             "oldest_wait_s": self.oldest_wait_s,
             "virtual_tag": self.virtual_tag,
             "weight": self.weight,
+            "tenant": self.tenant,
+            "cap": self.cap,
         }
 
 
@@ -102,6 +110,14 @@ class QueueView:
     oldest_wait_s: float | None
     #: Busiest first; empty unless asked for (``breakdown=True``).
     variants: tuple[VariantView, ...] = ()
+    #: ``age`` or ``fair`` (the queue's, else its environment's, else the default).
+    order: str = "age"
+    #: Runs in flight across all keys and keyless runs; None: no total cap.
+    total_concurrency_limit: int | None = None
+    #: Runs started per second (the queue's rate limit); None: none.
+    rate: float | None = None
+    #: Queued runs not due yet (delayed, backing off).
+    delayed: int = 0
 
     @classmethod
     def of(cls, stats: QueueStats, now_ms: int) -> QueueView:
@@ -115,6 +131,10 @@ class QueueView:
             paused=stats.paused,
             oldest_wait_s=oldest_wait_s(stats.oldest_score_ms, now_ms),
             variants=tuple(VariantView.of(v, now_ms) for v in variants),
+            order=stats.order,
+            total_concurrency_limit=stats.total_concurrency_limit,
+            rate=stats.rate,
+            delayed=stats.delayed,
         )
 
     def to_json(self, *, keys: bool = False) -> dict[str, Any]:
@@ -127,6 +147,10 @@ class QueueView:
             "queue_size_limit": self.queue_size_limit,
             "paused": self.paused,
             "oldest_wait_s": self.oldest_wait_s,
+            "order": self.order,
+            "total_concurrency_limit": self.total_concurrency_limit,
+            "rate": self.rate,
+            "delayed": self.delayed,
         }
         if keys:
             row["keys"] = [v.to_json() for v in self.variants]
@@ -144,6 +168,8 @@ class EnvView:
     queue_size_limit: int | None
     dead_lettered: int
     queues: tuple[QueueView, ...]
+    #: The environment's default order for its queues.
+    order: str = "age"
 
     @classmethod
     def of(cls, stats: EnvStats, queues: list[QueueStats], now_ms: int) -> EnvView:
@@ -155,6 +181,7 @@ class EnvView:
             queue_size_limit=_size_limit(stats.queue_size_limit),
             dead_lettered=stats.dead_lettered,
             queues=tuple(QueueView.of(q, now_ms) for q in queues),
+            order=stats.order,
         )
 
     @property
@@ -170,6 +197,7 @@ class EnvView:
             "burst_factor": self.burst_factor,
             "queue_size_limit": self.queue_size_limit,
             "dead_lettered": self.dead_lettered,
+            "order": self.order,
             "queues": [q.to_json(keys=keys) for q in self.queues],
         }
 
@@ -221,6 +249,9 @@ class DeadLetterView:
     dead_lettered_at_ms: int
     #: The start of the payload (:data:`PAYLOAD_PREVIEW_CHARS`).
     payload: str
+    #: The start of its last attempt's error (:data:`PAYLOAD_PREVIEW_CHARS`).
+    error: str | None = None
+    tenant: str | None = None
 
     @classmethod
     def of(cls, d: DeadLetter) -> DeadLetterView:
@@ -231,6 +262,8 @@ class DeadLetterView:
             attempt=d.attempt,
             dead_lettered_at_ms=d.dead_lettered_at_ms,
             payload=d.payload_json[:PAYLOAD_PREVIEW_CHARS],
+            error=None if d.error is None else d.error[:PAYLOAD_PREVIEW_CHARS],
+            tenant=d.tenant,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -241,6 +274,8 @@ class DeadLetterView:
             "attempt": self.attempt,
             "dead_lettered_at_ms": self.dead_lettered_at_ms,
             "payload": self.payload,
+            "error": self.error,
+            "tenant": self.tenant,
         }
 
 
@@ -250,6 +285,7 @@ class QueueDetail:
 
     now_ms: int
     env: str
+    #: Whether this queue is served in the fair order.
     fair_order: bool
     queue: QueueView
     env_running: int
@@ -278,22 +314,21 @@ class QueueDetail:
 
 async def load_queue_detail(
     rq: RunQueue,
-    sampler: ServedSampler,
     env: Environment,
     queue: str,
     *,
     now_ms: int | None = None,
 ) -> QueueDetail:
-    """One queue's page data (this poll also feeds ``sampler``'s served estimate)."""
+    """One queue's page data, with its served share (the dequeue scripts' history)."""
     now = wall_clock_ms() if now_ms is None else now_ms
     stats = await rq.queue_stats(env, queue, breakdown=True)
-    served = await served_chart(rq, sampler, stats, now)
+    served = await served_chart(rq, env, queue, now)
     es = await rq.env_stats(env)
     dead = await rq.dead_letters(env, limit=MAX_DEAD_LETTERS)
     return QueueDetail(
         now_ms=now,
         env=env.id,
-        fair_order=rq.fair,
+        fair_order=stats.order == "fair",
         queue=QueueView.of(stats, now),
         env_running=es.running,
         env_concurrency_limit=es.concurrency_limit,

@@ -112,15 +112,15 @@
       ]);
       return el("tr", { "data-run": d.run_id }, [
         td(d.run_id, "key"), td(d.queue), td(d.key || "\u2014"), td(String(d.attempt), "num"),
-        td(new Date(d.dead_lettered_at_ms).toLocaleTimeString(), "ts"), td(d.payload, "payload"), el("td", {}, [form]),
+        td(new Date(d.dead_lettered_at_ms).toLocaleTimeString(), "ts"), td(d.error || "\u2014", "payload"), td(d.payload, "payload"), el("td", {}, [form]),
       ]);
     });
-    if (!drows.length) drows = [el("tr", {}, [el("td", { colspan: "7", className: "empty", text: "the dead-letter queue is empty" })])];
+    if (!drows.length) drows = [el("tr", {}, [el("td", { colspan: "8", className: "empty", text: "the dead-letter queue is empty" })])];
     document.querySelector("#dlq tbody").replaceChildren.apply(document.querySelector("#dlq tbody"), drows);
 
     var src = document.getElementById("served-source");
     src.dataset.source = data.served.source;
-    src.textContent = data.served.source === "recorded" ? "recorded by workers" : "estimated from backlog drops";
+    src.textContent = "counted by every dequeue";
     document.getElementById("served-total").textContent = String(data.served.total);
     drawChart(data.served);
   }
