@@ -63,7 +63,14 @@ async def tenant_keys(rq: RunQueue, env: Environment, queue: str, tenant: str) -
     """The keys of a named tenant in a queue (B:t:N:keys) -> their tag inside the tenant."""
     q = rq.keys.queue(env, queue)
     raw = await rq.client.zrange(q.tenant_keys(K.encode_tenant(tenant)), 0, -1, withscores=True)
-    return {s(m): float(sc) for m, sc in raw}
+    return {s(m): float(sc) for m, sc in raw if s(m) != K.FLOOR_MEMBER}
+
+
+async def key_floor(rq: RunQueue, env: Environment, queue: str, tenant: str) -> float | None:
+    """A named tenant's key virtual time in a queue (the ``~floor`` member of its key set)."""
+    q = rq.keys.queue(env, queue)
+    raw = await rq.client.zscore(q.tenant_keys(K.encode_tenant(tenant)), K.FLOOR_MEMBER)
+    return None if raw is None else float(raw)
 
 
 async def parked(rq: RunQueue, env: Environment, queue: str) -> dict[str, str]:
@@ -89,7 +96,7 @@ async def fair_keys(rq: RunQueue) -> list[str]:
     """Every fair-order key of this prefix (none may exist with the age order only)."""
     suffixes = (
         f":{K.ENV_KEYS['tenant_tags']}", f":{K.ENV_KEYS['tenant_weights']}",
-        f":{K.QUEUE_KEYS['ready_tenants']}", f":{K.QUEUE_KEYS['key_floors']}",
+        f":{K.QUEUE_KEYS['ready_tenants']}",
         f":{K.QUEUE_KEYS['parked']}", f":{K.QUEUE_KEYS['parked_due']}",
         f":{K.SHARD_KEYS['env_tags']}", f":{K.TENANT_KEYS['keys']}",
     )  # fmt: skip

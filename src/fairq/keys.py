@@ -68,7 +68,6 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   ckweights    HASH  K -> weight inside its tenant (fair order; sparse, default 1)
   tq           ZSET  tenant -> copy of its virtual tag, for tenants with servable flows
                      here (fair order)
-  tkfloor      HASH  tenant -> the virtual time of its keys in this queue (fair order)
   ftenant      HASH  K (or ``*``) -> the named tenant its queued runs belong to
   park         HASH  ``t:N`` / ``k:K`` -> tag of a tenant or key taken out of the fair
                      order while gated (at a cap, rate-limited, or only future runs)
@@ -79,7 +78,8 @@ Per variant (``B:ck:K:<name>``)
   queued       ZSET  the variant's runs: run id -> score (ms)
   inflight     SET   the variant's runs holding a slot
 Per tenant of a queue (``B:t:N:<name>``; only for tenants that own several keys here)
-  keys         ZSET  K -> the key's virtual tag inside the tenant
+  keys         ZSET  K -> the key's virtual tag inside the tenant; member ``~floor``: the
+                     tenant's key virtual time in this queue
 Global (never touched by a script)
   ``<prefix>:wake``  pub/sub channel: "work may be available" hints for consumers
   ``<prefix>:meta``  HASH  the shard count and prefix every process must agree on
@@ -152,7 +152,6 @@ QUEUE_KEYS: Final = {
     "buckets": "buckets",
     "key_weights": "ckweights",
     "ready_tenants": "tq",
-    "key_floors": "tkfloor",
     "flow_tenants": "ftenant",
     "parked": "park",
     "parked_due": "parkdue",
@@ -166,7 +165,7 @@ TENANT_KEYS: Final = {"keys": "keys"}
 #: them (so it can neither read nor write one), and their names never appear in it.
 FAIR_ORDER_KEYS: Final = frozenset(
     {
-        "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants", "key_floors", "parked", "parked_due",
+        "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants", "parked", "parked_due",
         "key_weights",
     }
 )  # fmt: skip
@@ -325,7 +324,6 @@ class QueueKeys:
     buckets: str
     key_weights: str
     ready_tenants: str
-    key_floors: str
     flow_tenants: str
     parked: str
     parked_due: str

@@ -107,6 +107,7 @@ QUEUE_OPTIONS: Final[dict[str, Option]] = {
     "weights": Option("flag", internal=True, help="some key of the queue has a weight"),
     "overrides": Option("flag", internal=True, help="the queue has cap or rate overrides"),
     "named": Option("flag", internal=True, help="some flow of the queue has a named tenant"),
+    "parked": Option("flag", internal=True, help="the fair order parked something of the queue"),
 }
 
 #: A rate limit override of one key or tenant: ``rate:burst`` (runs per second, burst).

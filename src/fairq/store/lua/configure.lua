@@ -30,7 +30,7 @@ local count = arg_groups(ARGV, FIRST_ARG + 1, 4, 'change')
 local V = env_prefix(tag, env_id)
 
 -- the internal flags are fairq's own (maintained below, never set by a caller)
-local INTERNAL = {weights = true, overrides = true, named = true}
+local INTERNAL = {weights = true, overrides = true, named = true, parked = true}
 
 local function check_value(target, queue, field, value)
   if value == '' then return end

@@ -9,11 +9,13 @@
 --             are pruned as it advances.
 --   B:tq      tenants with servable flows in queue B -> copy of their tag (a copy is
 --             never above the tag in V:tt; a stale copy is corrected when read)
---   B:t:N:keys  only for a tenant that owns several flows in B: key -> tag inside it
---   B:tkfloor tenant -> its keys' virtual time in B
+--   B:t:N:keys  only for a tenant that owns several flows in B: key -> tag inside it;
+--             its member '~floor' is the tenant's key virtual time in B
 --   B:park / B:parkdue  tenants and keys taken out of B:tq / B:t:N:keys while gated by
 --             a cap (back when a slot frees) or by time (rate limit, future head: back
---             when due), so gated work never fills the candidate window
+--             when due), so gated work never fills the candidate window. The queue's
+--             config flag `parked` is set while they may hold something (no probe
+--             when it is not)
 -- A "pair" is a tenant in one queue. A pair is simple when its only flow is the one
 -- whose default tenant it is (a key serving as its own tenant, or a queue's keyless
 -- runs): then the pair is the flow and needs no key set.
@@ -46,39 +48,55 @@ local function cached_exists(X, field, key)
   return v
 end
 
-local function has_park(X, Q) return cached_exists(X, 'hpark', queue_key(Q.B, 'parked')) end
-local function has_parkdue(X, Q) return cached_exists(X, 'hparkdue', queue_key(Q.B, 'parked_due')) end
+-- Whether anything of Q may be parked. The config flag is exact when unset (every
+-- park sets it); when set (or the config was not read) the parking keys are probed once.
+local function has_park(X, Q)
+  if Q.order ~= nil and not Q.parked then return false end
+  return cached_exists(X, 'hpark', queue_key(Q.B, 'parked_due'))
+end
 
 --- The member of V:tt that holds the floor (encoded names never contain '~').
 local FLOOR_MEMBER = '~floor'
 --- Pruning tags below the floor and refreshing the state's TTL happen when the floor
 --- crosses a multiple of this much virtual time (not on every call).
 local TICK = 8
+--- How many entries of a tenant's key set a dequeue reads at least (a set this small is
+--- read whole: the call then knows when the tenant's last key leaves).
+local KEYS_LOADED = 64
+
+-- The environment's floor from `raw`, its score in V:tt (false: it has none).
+local function floor_load(X, V, raw)
+  X.tfloor = X.tfloor or {}
+  local value = tonumber(raw)
+  if value == nil then
+    -- lost (expired or deleted) while tags remain: repair from the lowest stored tag
+    -- (tags below the floor are pruned as it advances, so this is near the floor)
+    local low = redis.call('ZRANGE', env_key(V, 'tenant_tags'), 0, 0, 'WITHSCORES')
+    value = #low > 0 and tonumber(low[2]) or 0
+  end
+  X.tfloor[V] = {value = value, start = value, stored = raw ~= false and raw ~= nil}
+end
 
 local function tenant_floor(X, V)
-  X.tfloor = X.tfloor or {}
-  local f = X.tfloor[V]
-  if f == nil then
-    local tt = env_key(V, 'tenant_tags')
-    local raw = redis.call('ZSCORE', tt, FLOOR_MEMBER)
-    local value
-    if raw then
-      value = tonumber(raw)
-    else
-      -- lost (expired or deleted) while tags remain: repair from the lowest stored tag
-      -- (tags below the floor are pruned as it advances, so this is near the floor)
-      local low = redis.call('ZRANGE', tt, 0, 0, 'WITHSCORES')
-      value = #low > 0 and tonumber(low[2]) or 0
-    end
-    f = {value = value, start = value, stored = raw ~= false and raw ~= nil}
-    X.tfloor[V] = f
+  if X.tfloor == nil or X.tfloor[V] == nil then
+    floor_load(X, V, redis.call('ZSCORE', env_key(V, 'tenant_tags'), FLOOR_MEMBER))
   end
-  return f.value
+  return X.tfloor[V].value
 end
 
 local function tenant_floor_raise(X, V, value)
   local f = X.tfloor[V]
   if value > f.value then f.value = value end
+end
+
+-- The weights of the listed keys of Q (nil where a key has none).
+local function key_weights(X, Q, flows)
+  local out = {}
+  if Q.weighted and #flows > 0 then
+    local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
+    for i, k in ipairs(flows) do out[k] = tonumber(raw[i]) end
+  end
+  return out
 end
 
 -- Whether this call moved the floor across a tick (or created the state): time to prune
@@ -121,21 +139,37 @@ local function tenant_join(X, V, tenant)
   return floor
 end
 
-local function key_floor(X, Q, tenant, keys_key)
+-- The virtual time of a tenant's keys in Q: the member FLOOR_MEMBER of its key set.
+-- `raw` is its score when the caller read it (false: known missing; nil: not read).
+local function key_floor(X, Q, tenant, keys_key, raw)
   X.kfloor = X.kfloor or {}
   local id = Q.B .. '|' .. tenant
   local f = X.kfloor[id]
   if f == nil then
-    local raw = redis.call('HGET', queue_key(Q.B, 'key_floors'), tenant)
+    if raw == nil then raw = redis.call('ZSCORE', keys_key, FLOOR_MEMBER) end
     local value = tonumber(raw)
     if value == nil then
+      -- new set, or the member was lost: start from the lowest key tag there
       local low = redis.call('ZRANGE', keys_key, 0, 0, 'WITHSCORES')
       value = #low > 0 and tonumber(low[2]) or 0
     end
-    f = {value = value, dirty = raw == false or raw == nil}
+    f = {value = value, dirty = tonumber(raw) == nil}
     X.kfloor[id] = f
   end
   return f
+end
+
+-- Keys joined a tenant's set during this script (a serve that loaded the set earlier
+-- does not know them).
+local function keys_added(X, Q, tenant)
+  X.kadded = X.kadded or {}
+  X.kadded[Q.B .. '|' .. tenant] = true
+end
+
+-- Whether a key set holds any key (beside its floor member).
+local function keys_left(keys_key)
+  local m = redis.call('ZRANGE', keys_key, 0, 1)
+  return #m > 1 or (#m == 1 and m[1] ~= FLOOR_MEMBER)
 end
 
 -- Where a key new to its tenant starts: the tenant's key floor ('floor'), or one quantum
@@ -165,20 +199,33 @@ local function register_pair(X, Q, tenant)
   redis.call('EXPIRE', tq, X.C.state_ttl)
 end
 
--- Register a key inside its (named) tenant in queue Q.
+-- Register a key inside its (named) tenant in queue Q. Returns its tag there (nil when
+-- it is parked).
 local function register_key(X, Q, tenant, flow)
   local kk = tenant_key(Q.B, tenant, 'keys')
-  if redis.call('ZSCORE', kk, flow) then return end
-  if is_parked(X, Q, 'k:' .. flow) then return end
-  if redis.call('EXISTS', kk) == 0 and tenant ~= flow
-      and redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), tenant)
+  local got = redis.call('ZMSCORE', kk, flow, FLOOR_MEMBER, tenant)
+  if got[1] then return tonumber(got[1]) end
+  if is_parked(X, Q, 'k:' .. flow) then return nil end
+  local kf = key_floor(X, Q, tenant, kk, got[2])
+  local args = {}
+  if tenant ~= flow and not got[3]
       and redis.call('ZSCORE', queue_key(Q.B, 'ck_index'), tenant)
       and not redis.call('HGET', queue_key(Q.B, 'flow_tenants'), tenant) then
-    -- the tenant was a key serving as its own tenant here: that key joins its key set
-    redis.call('ZADD', kk, key_floor(X, Q, tenant, kk).value, tenant)
+    -- a key named as the tenant serves as its own tenant here: it joins the key set
+    args = {kf.value, tenant}
   end
-  redis.call('ZADD', kk, key_join(X, Q, tenant, kk), flow)
+  local tag = key_join(X, Q, tenant, kk)
+  args[#args + 1] = tag
+  args[#args + 1] = flow
+  if kf.dirty then
+    args[#args + 1] = kf.value
+    args[#args + 1] = FLOOR_MEMBER
+    kf.dirty = false
+  end
+  redis.call('ZADD', kk, unpack(args))
   redis.call('EXPIRE', kk, X.C.state_ttl)
+  keys_added(X, Q, tenant)
+  return tag
 end
 
 -- ------------------------------------------------------------------ parking
@@ -192,11 +239,13 @@ local CAP_RECHECK_MS = 30000
 -- by time; back when `due`).
 local function park(X, Q, member, tag, due)
   redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. tag)
-  X.hpark = X.hpark or {}
-  X.hpark[queue_key(Q.B, 'parked')] = true
   redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
-  X.hparkdue = X.hparkdue or {}
-  X.hparkdue[queue_key(Q.B, 'parked_due')] = true
+  X.hpark = X.hpark or {}
+  X.hpark[queue_key(Q.B, 'parked_due')] = true
+  if not Q.parked then
+    redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'parked'), 1)
+    Q.parked = true
+  end
   X.parked_now = true
 end
 
@@ -205,16 +254,10 @@ local function park_pair(X, Q, tenant, tag, due)
   park(X, Q, 't:' .. tenant, tag, due)
 end
 
--- Returns whether the tenant's key set became empty (the tenant left B:tq with it).
+-- (The caller takes the tenant out of B:tq when this left its key set without keys.)
 local function park_key(X, Q, tenant, flow, tag, due)
-  local kk = tenant_key(Q.B, tenant, 'keys')
-  redis.call('ZREM', kk, flow)
+  redis.call('ZREM', tenant_key(Q.B, tenant, 'keys'), flow)
   park(X, Q, 'k:' .. flow, tag, due)
-  if redis.call('ZCARD', kk) == 0 then
-    redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant)
-    return true
-  end
-  return false
 end
 
 local function unpark(X, Q, member, value)
@@ -230,44 +273,50 @@ local function unpark(X, Q, member, value)
       local kk = tenant_key(Q.B, tenant, 'keys')
       redis.call('ZADD', kk, 'NX', tag, name)
       redis.call('EXPIRE', kk, X.C.state_ttl)
+      keys_added(X, Q, tenant)
     end
-    redis.call('HDEL', queue_key(Q.B, 'parked'), member)
     register_pair(X, Q, tenant)
   end
   redis.call('HDEL', queue_key(Q.B, 'parked'), member)
   redis.call('ZREM', queue_key(Q.B, 'parked_due'), member)
 end
 
--- How many of the earliest parked members are looked at for the next time gate's due
--- time (cap parks, due only for their re-check, may come first).
+-- How many of the earliest parked members one read looks at (due ones go back; the
+-- first time gate still closed gives the wait; cap parks, due only for their re-check,
+-- are passed over).
 local DUE_PEEK = 8
 
 -- Time-gated tenants and keys whose time has come go back into the order; the next
 -- time gate still closed tells the caller when to come back (R.wait).
 local function promote_due(X, Q, R)
-  if not has_parkdue(X, Q) then return end
+  if not has_park(X, Q) then return end
   local dk = queue_key(Q.B, 'parked_due')
-  local due = redis.call('ZRANGEBYSCORE', dk, '-inf', X.now, 'LIMIT', 0, 64)
-  if #due > 0 then
-    local values = call_list('HMGET', queue_key(Q.B, 'parked'), due)
-    for i, member in ipairs(due) do
-      if values[i] then
-        unpark(X, Q, member, values[i])
-      else
-        redis.call('ZREM', dk, member)
-      end
-    end
-  end
-  local later = redis.call('ZRANGE', dk, 0, DUE_PEEK - 1, 'WITHSCORES')
-  if #later == 0 then return end
-  local members = {}
-  for i = 1, #later, 2 do members[#members + 1] = later[i] end
-  local values = call_list('HMGET', queue_key(Q.B, 'parked'), members)
-  for i, v in ipairs(values) do
-    if v and string.sub(v, 1, 2) == 'd:' then
-      wait_until(R, tonumber(later[2 * i]))
+  for _ = 1, 8 do
+    local first = redis.call('ZRANGE', dk, 0, DUE_PEEK - 1, 'WITHSCORES')
+    if #first == 0 then
+      -- nothing parked any more: later scripts need not look
+      redis.call('HDEL', env_key(Q.V, 'config'), config_field(Q.name, 'parked'))
+      Q.parked = false
+      X.hpark[dk] = false
       return
     end
+    local members = {}
+    for i = 1, #first, 2 do members[#members + 1] = first[i] end
+    local values = call_list('HMGET', queue_key(Q.B, 'parked'), members)
+    local all_due = true
+    for i, member in ipairs(members) do
+      local at = tonumber(first[2 * i])
+      if at <= X.now then
+        if values[i] then unpark(X, Q, member, values[i]) else redis.call('ZREM', dk, member) end
+      else
+        all_due = false
+        if values[i] and string.sub(values[i], 1, 2) == 'd:' then
+          wait_until(R, at)
+          return
+        end
+      end
+    end
+    if not all_due or #members < DUE_PEEK then return end
   end
 end
 
@@ -280,7 +329,7 @@ HOOK.flow_queued = function(X, Q, flow, score, tenant, is_new)
   if Q.order ~= 'fair' then return end
   local default = default_tenant(Q.name, flow)
   if not is_new then
-    if has_parkdue(X, Q) then
+    if has_park(X, Q) then
       local due = queue_key(Q.B, 'parked_due')
       redis.call('ZADD', due, 'XX', 'LT', score, 'k:' .. flow)
       redis.call('ZADD', due, 'XX', 'LT', score, 't:' .. default)
@@ -301,13 +350,19 @@ HOOK.flow_drained = function(X, Q, flow, tenant)
   local default = default_tenant(Q.name, flow)
   if tenant == '' or tenant == default then
     redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), default)
-    if has_park(X, Q) then redis.call('HDEL', queue_key(Q.B, 'parked'), 't:' .. default) end
+    if has_park(X, Q) then
+      redis.call('HDEL', queue_key(Q.B, 'parked'), 't:' .. default)
+      redis.call('ZREM', queue_key(Q.B, 'parked_due'), 't:' .. default)
+    end
     return
   end
   local kk = tenant_key(Q.B, tenant, 'keys')
   redis.call('ZREM', kk, flow)
-  if has_park(X, Q) then redis.call('HDEL', queue_key(Q.B, 'parked'), 'k:' .. flow) end
-  if redis.call('EXISTS', kk) == 0 then redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant) end
+  if has_park(X, Q) then
+    redis.call('HDEL', queue_key(Q.B, 'parked'), 'k:' .. flow)
+    redis.call('ZREM', queue_key(Q.B, 'parked_due'), 'k:' .. flow)
+  end
+  if not keys_left(kk) then redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant) end
 end
 
 -- A slot of `flow` (counted under named tenant `ta`, '' = none) was freed: what its
@@ -376,7 +431,6 @@ end
 -- pairs. `heads` maps a queue name to its ready keyless head (or nil).
 local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   local V = env.V
-  local floor = tenant_floor(X, V)
   local by_id, plist = {}, {}
   local ten = {}       -- tenant -> {tag, weight, pairs, touched}
   local qdone = {}
@@ -408,12 +462,21 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       end
     end
     if #names > 0 then
-      local auth = call_list('ZMSCORE', env_key(V, 'tenant_tags'), names)
+      -- the floor comes with the tags when nothing read it yet
+      local need_floor = X.tfloor == nil or X.tfloor[V] == nil
+      local asked = names
+      if need_floor then
+        asked = {unpack(names)}
+        asked[#asked + 1] = FLOOR_MEMBER
+      end
+      local auth = call_list('ZMSCORE', env_key(V, 'tenant_tags'), asked)
+      if need_floor then floor_load(X, V, auth[#asked]) end
       local weights = tenant_weights(X, V, queues[1], names, {})
       for i, T in ipairs(names) do
         ten[T] = {tag = tonumber(auth[i]), weight = weights[T], pairs = {}}
       end
     end
+    local floor = tenant_floor(X, V)
     -- a key serving as its own tenant: its weight in the queue is the tenant's
     local by_queue = {}
     for i = first, #plist do
@@ -514,39 +577,71 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     return #plist - before
   end
 
+  local function drop_pair(p)
+    p.active = false
+    p.dropped = true
+    redis.call('ZREM', queue_key(p.Q.B, 'ready_tenants'), p.T)
+  end
+
+  -- Whether every key of a pair's (fully loaded) key set left it in this call.
+  local function pair_emptied(p)
+    if not p.complete or (X.kadded and X.kadded[p.Q.B .. '|' .. p.T]) then return false end
+    for _, k in ipairs(p.keys) do
+      if not k.gone then return false end
+    end
+    return true
+  end
+
   -- The flows of a pair (loaded on first use): simple, or its key set.
   local function load_keys(p)
     if p.keys ~= nil or p.simple then return end
     local Q = p.Q
     local kk = tenant_key(Q.B, p.T, 'keys')
+    local width = math.max(budget + 8, KEYS_LOADED)
     local entries = {}
-    if Q.named then entries = redis.call('ZRANGE', kk, 0, budget + 8, 'WITHSCORES') end
+    if Q.named then entries = redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES') end
     if #entries == 0 then
       p.simple = true
       return
     end
-    local kf = key_floor(X, Q, p.T, kk)
-    p.keys, p.kf = {}, kf
-    local listed = {}
+    p.complete = #entries < 2 * width
+    local floor_raw = nil
+    if p.complete then floor_raw = false end
+    local flows, tags = {}, {}
     for i = 1, #entries, 2 do
-      local flow = entries[i]
-      listed[flow] = true
-      local tag = math.max(tonumber(entries[i + 1]), kf.value)
-      table.insert(p.keys, {flow = flow, tag = tag, tie = p.disc[flow] or math.huge,
-        active = true, weight = key_weight(X, Q, flow)})
-    end
-    for flow, head in pairs(p.disc) do
-      if not listed[flow] then
-        -- a discovered key of this tenant its key set does not list yet
-        register_key(X, Q, p.T, flow)
-        local tag = tonumber(redis.call('ZSCORE', kk, flow))
-        if tag ~= nil then
-          table.insert(p.keys, {flow = flow, tag = math.max(tag, kf.value), tie = head,
-            active = true, weight = key_weight(X, Q, flow)})
-        end
+      if entries[i] == FLOOR_MEMBER then
+        floor_raw = entries[i + 1]
+      else
+        flows[#flows + 1] = entries[i]
+        tags[entries[i]] = tonumber(entries[i + 1])
       end
     end
+    local kf = key_floor(X, Q, p.T, kk, floor_raw)
+    -- discovered keys of this tenant the loaded part of its set does not list
+    local missing = {}
+    for flow in pairs(p.disc) do
+      if tags[flow] == nil then missing[#missing + 1] = flow end
+    end
+    table.sort(missing)
+    local found = {}
+    if #missing > 0 and not p.complete then found = call_list('ZMSCORE', kk, missing) end
+    for i, flow in ipairs(missing) do
+      local tag = tonumber(found[i])
+      if tag == nil then tag = register_key(X, Q, p.T, flow) end
+      if tag ~= nil then
+        flows[#flows + 1] = flow
+        tags[flow] = tag
+      end
+    end
+    local weights = key_weights(X, Q, flows)
+    p.keys, p.kf = {}, kf
+    for _, flow in ipairs(flows) do
+      table.insert(p.keys, {flow = flow, tag = math.max(tags[flow], kf.value),
+        tie = p.disc[flow] or math.huge, active = true, weight = weights[flow] or 1})
+    end
     keysets[Q.B .. '|' .. p.T] = {Q = Q, T = p.T, keys = p.keys, kf = kf}
+    -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
+    if #p.keys == 0 and pair_emptied(p) then drop_pair(p) end
   end
 
   local function best_key(p)
@@ -564,17 +659,11 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     return best, second
   end
 
-  local function drop_pair(p)
-    p.active = false
-    p.dropped = true
-    redis.call('ZREM', queue_key(p.Q.B, 'ready_tenants'), p.T)
-  end
-
   -- Serve `got` runs just claimed for pair p (and key kc): advance the tags.
   local function advance(p, kc, got)
     local step = p.Q.quantum / p.ten.weight
     local start = p.ten.tag
-    if start + (got - 1) * step > floor then floor = start + (got - 1) * step end
+    tenant_floor_raise(X, V, start + (got - 1) * step)
     p.ten.tag = start + got * step
     p.ten.touched = true
     p.touched = true
@@ -639,7 +728,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             if kc ~= nil and why == 'key' then kc.active = false else p.active = false end
           elseif why == 'key' and not p.simple then
             kc.active = false
+            kc.gone = true
             park_key(X, Q, p.T, flow, kc.tag, nil)
+            if pair_emptied(p) then drop_pair(p) end
             if Q.borrow then lenders[#lenders + 1] = {p = p, flow = flow, kc = kc} end
           elseif why == 'key' or why == 'tenant' then
             p.active = false
@@ -650,7 +741,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             park_pair(X, Q, p.T, p.ten.tag, next_at)
           elseif why == 'rate:key' then
             kc.active = false
+            kc.gone = true
             park_key(X, Q, p.T, flow, kc.tag, next_at)
+            if pair_emptied(p) then drop_pair(p) end
           elseif kc ~= nil then
             kc.active = false -- this key had its share of the call (max_per_key)
           else
@@ -692,10 +785,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             -- the flow drained
             if kc ~= nil then
               kc.active = false
-              kc.drained = true
-              local kk = tenant_key(Q.B, p.T, 'keys')
-              redis.call('ZREM', kk, flow)
-              if redis.call('ZCARD', kk) == 0 then drop_pair(p) end
+              kc.gone = true
+              redis.call('ZREM', tenant_key(Q.B, p.T, 'keys'), flow)
+              if pair_emptied(p) then drop_pair(p) end
             else
               drop_pair(p)
             end
@@ -704,7 +796,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             wait_until(R, head)
             if kc ~= nil then
               kc.active = false
+              kc.gone = true
               park_key(X, Q, p.T, flow, kc.tag, head)
+              if pair_emptied(p) then drop_pair(p) end
             else
               p.active = false
               park_pair(X, Q, p.T, p.ten.tag, head)
@@ -743,8 +837,8 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
 
   -- write the tags back: V:tt (authoritative, with the floor), the copies in B:tq, key
   -- sets, key floors. TTLs are refreshed (and tags the floor passed pruned) on a tick.
-  tenant_floor_raise(X, V, floor)
-  local f = X.tfloor[V]
+  local f = X.tfloor and X.tfloor[V]
+  if f == nil then return served end -- no candidate: nothing was read or changed
   local tick = floor_ticked(X, V)
   local tt = env_key(V, 'tenant_tags')
   local tt_args, by_queue = {}, {}
@@ -775,30 +869,25 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
     if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
   end
-  local floors = {}
   for _, ks in pairs(keysets) do
+    -- the keys still in the set (not drained or parked in this call), and its floor
     local args = {}
     for _, k in ipairs(ks.keys) do
-      if k.touched and not k.drained then
+      if k.touched and not k.gone then
         args[#args + 1] = k.tag
         args[#args + 1] = k.flow
       end
     end
-    local kk = tenant_key(ks.Q.B, ks.T, 'keys')
+    if ks.kf.dirty then
+      args[#args + 1] = ks.kf.value
+      args[#args + 1] = FLOOR_MEMBER
+      ks.kf.dirty = false
+    end
     if #args > 0 then
-      call_chunked('ZADD', kk, args, 'XX')
+      local kk = tenant_key(ks.Q.B, ks.T, 'keys')
+      call_chunked('ZADD', kk, args)
       if tick then redis.call('EXPIRE', kk, X.C.state_ttl) end
     end
-    if ks.kf.dirty then
-      local list = floors[ks.Q.B] or {}
-      floors[ks.Q.B] = list
-      list[#list + 1] = ks.T
-      list[#list + 1] = ks.kf.value
-    end
-  end
-  for B, list in pairs(floors) do
-    redis.call('HSET', queue_key(B, 'key_floors'), unpack(list))
-    if tick then redis.call('EXPIRE', queue_key(B, 'key_floors'), X.C.state_ttl) end
   end
   return served
 end
