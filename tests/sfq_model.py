@@ -10,8 +10,10 @@ keyless runs belong to ``/<queue>``) and named tenants (a pair with a key set); 
 tenant weights; per-key caps (queue concurrency, key cap overrides) and per-tenant caps
 (parking on a cap, unparking when a slot of the key / tenant frees); ``max_per_key``;
 the join policies ``floor`` and ``behind_leader``; the tenant floor (start tag of the
-run most recently begun, read-repaired from V:tt when lost) and the key floors;
-delayed heads (parked until due); the candidate window and discovery.
+run most recently begun, the ``~floor`` member of V:tt, read-repaired from the lowest
+tag when lost; tags it passed pruned whenever it crosses a multiple of :data:`TICK`) and
+the key floors; delayed heads (parked until due); cap parks (only for a flow that holds
+a slot; re-checked after :data:`CAP_RECHECK_MS`); the candidate window and discovery.
 
 The age order of one queue's keyed runs is modelled too (:meth:`SfqModel.dequeue_age`).
 
@@ -34,6 +36,10 @@ INF = math.inf
 KEYLESS = "*"
 #: The scripts' "unlimited" (a queue without a concurrency limit).
 UNLIMITED = 1_000_000_000
+#: The floor crossing a multiple of this prunes the tags below it (and refreshes TTLs).
+TICK = 8
+#: A member parked by a cap is also re-checked this long after parking.
+CAP_RECHECK_MS = 30_000
 
 
 def default_tenant(queue: str, flow: str) -> str:
@@ -123,11 +129,19 @@ class _Pair:
     ten: _Ten | None = None
 
 
+@dataclass
+class _Floor:
+    value: float
+    start: float
+    stored: bool
+
+
 class _Call:
     """Per-script caches of the scripts (the floors are read once per script)."""
 
-    def __init__(self) -> None:
-        self.floor: list[float | bool] | None = None  # [value, dirty]
+    def __init__(self, now: int) -> None:
+        self.now = now
+        self.floor: _Floor | None = None
         self.kf: dict[tuple[str, str], list[float | bool]] = {}
 
 
@@ -144,7 +158,7 @@ class SfqModel:
     queues: dict[str, QueueModel] = field(default_factory=dict)
     runs: dict[str, Run] = field(default_factory=dict)
     tt: dict[str, float] = field(default_factory=dict)  # V:tt
-    tfloor: float | None = None  # V:tfloor
+    tfloor: float | None = None  # V:tt[~floor]
     tw: dict[str, float] = field(default_factory=dict)  # V:tw
 
     # ------------------------------------------------------------------ helpers
@@ -162,14 +176,14 @@ class SfqModel:
         """The per-key limit (and the keyless runs' total): min(queue limit, env limit)."""
         return min(UNLIMITED if q.concurrency is None else q.concurrency, self.env_limit)
 
-    def _floor(self, call: _Call) -> list[float | bool]:
-        """The tenant floor of this script: V:tfloor, or read-repaired (lowest V:tt tag)."""
+    def _floor(self, call: _Call) -> _Floor:
+        """The tenant floor of this script: V:tt[~floor], or read-repaired (lowest tag)."""
         if call.floor is None:
             if self.tfloor is not None:
-                call.floor = [self.tfloor, False]
+                call.floor = _Floor(self.tfloor, self.tfloor, True)
             else:
                 low = min(self.tt.values()) if self.tt else 0.0
-                call.floor = [low, True]
+                call.floor = _Floor(low, low, False)
         return call.floor
 
     def _key_floor(self, call: _Call, q: QueueModel, tenant: str) -> list[float | bool]:
@@ -186,7 +200,7 @@ class SfqModel:
     # ------------------------------------------------------------------ registration
 
     def _tenant_join(self, call: _Call, tenant: str) -> float:
-        floor = float(self._floor(call)[0])
+        floor = self._floor(call).value
         stored = self.tt.get(tenant)
         return stored if stored is not None and stored > floor else floor
 
@@ -248,10 +262,9 @@ class SfqModel:
 
     # ------------------------------------------------------------------ parking
 
-    def _park(self, q: QueueModel, member: str, tag: float, due: int | None) -> None:
+    def _park(self, call: _Call, q: QueueModel, member: str, tag: float, due: int | None) -> None:
         q.park[member] = park_text("d" if due is not None else "c", tag)
-        if due is not None:
-            q.parkdue[member] = due
+        q.parkdue[member] = call.now + CAP_RECHECK_MS if due is None else due
 
     def _unpark(self, call: _Call, q: QueueModel, member: str) -> None:
         value = q.park[member]
@@ -267,8 +280,7 @@ class SfqModel:
                 q.keys_of(tenant).setdefault(name, tag)
             del q.park[member]
             self._register_pair(call, q, tenant)
-        if value[0] == "d":
-            q.parkdue.pop(member, None)
+        q.parkdue.pop(member, None)
 
     def _promote_due(self, call: _Call, q: QueueModel, now: int) -> None:
         due = sorted((d, m) for m, d in q.parkdue.items() if d <= now)[:64]
@@ -299,20 +311,20 @@ class SfqModel:
     # ------------------------------------------------------------------ operations
 
     def enqueue(
-        self, queue: str, run: str, key: str | None, tenant: str | None, score: int
+        self, queue: str, run: str, key: str | None, tenant: str | None, score: int, now: int = 0
     ) -> None:
         if run in self.runs:
             return
         flow = KEYLESS if key is None else key
         self.runs[run] = Run(queue, flow, tenant or "", score)
-        self._place(_Call(), self.queue(queue), flow, run, score, tenant or "")
+        self._place(_Call(now), self.queue(queue), flow, run, score, tenant or "")
 
-    def ack(self, run: str) -> None:
-        self._free(_Call(), run)
+    def ack(self, run: str, now: int = 0) -> None:
+        self._free(_Call(now), run)
         del self.runs[run]
 
-    def nack(self, run_id: str, retry_at: int) -> None:
-        call = _Call()
+    def nack(self, run_id: str, retry_at: int, now: int = 0) -> None:
+        call = _Call(now)
         run = self._free(call, run_id)
         run.score = retry_at
         self._place(call, self.queues[run.queue], run.flow, run_id, retry_at, run.tenant)
@@ -329,15 +341,19 @@ class SfqModel:
         bound = None
         if cap < self.env_limit:
             room, bound = cap - q.running(flow), "key"
-        tcap = q.tcaps.get(tenant, limit)
-        if named and tcap < self.env_limit:
-            t_room = tcap - q.trunning.get(tenant, 0)
-            if t_room < room:
-                room, bound = t_room, "tenant"
-        elif tcap < cap:
-            t_room = tcap - q.running(flow)
-            if t_room < room:
-                room, bound = t_room, "tenant"
+        if named:
+            tcap = q.tcaps.get(tenant, limit)
+            if tcap < self.env_limit:
+                t_room = tcap - q.trunning.get(tenant, 0)
+                if t_room < room:
+                    room, bound = t_room, "tenant"
+        else:
+            # a key's default tenant is the key: only an explicit tenant cap binds too
+            own = q.tcaps.get(tenant)
+            if own is not None and own < cap:
+                t_room = own - q.running(flow)
+                if t_room < room:
+                    room, bound = t_room, "tenant"
         return room, bound
 
     def _claim(
@@ -389,8 +405,8 @@ class SfqModel:
     def _fair_serve(
         self, queues: list[QueueModel], heads: dict[str, int], budget: int, now: int
     ) -> list[tuple[str, str, str]]:
-        call = _Call()
-        floor = float(self._floor(call)[0])
+        call = _Call(now)
+        floor = self._floor(call).value
         by_id: dict[tuple[str, str], _Pair] = {}
         plist: list[_Pair] = []
         ten: dict[str, _Ten] = {}
@@ -506,14 +522,14 @@ class SfqModel:
             nonlocal parked_now
             assert p.ten is not None and p.ten.tag is not None
             p.q.tq.pop(p.tenant, None)
-            self._park(p.q, f"t:{p.tenant}", p.ten.tag, due)
+            self._park(call, p.q, f"t:{p.tenant}", p.ten.tag, due)
             parked_now = True
 
         def park_key(p: _Pair, k: _Key, due: int | None) -> None:
             nonlocal parked_now
             kk = p.q.keys_of(p.tenant)
             kk.pop(k.flow, None)
-            self._park(p.q, f"k:{k.flow}", k.tag, due)
+            self._park(call, p.q, f"k:{k.flow}", k.tag, due)
             parked_now = True
             if not kk:
                 p.q.tq.pop(p.tenant, None)
@@ -565,7 +581,19 @@ class SfqModel:
                 room, bound = self._room(q, flow, p.tenant, named)
                 assert p.ten is not None and p.ten.tag is not None and p.ten.weight is not None
                 if room <= 0:
-                    if bound == "key" and not p.simple:
+                    holds = (
+                        q.trunning.get(p.tenant, 0) > 0
+                        if bound == "tenant" and named
+                        else q.running(flow) > 0
+                    )
+                    if not holds:
+                        # a cap of 0 (or below): no slot of it can free, so it is not
+                        # parked; this call skips it
+                        if kc is not None and bound == "key":
+                            kc.active = False
+                        else:
+                            p.active = False
+                    elif bound == "key" and not p.simple:
                         assert kc is not None
                         kc.active = False
                         park_key(p, kc, None)
@@ -634,11 +662,20 @@ class SfqModel:
             if served >= budget or not parked_now:
                 break
 
-        # write back: V:tt, the copies (only where still registered), key sets, floors
+        # write back: V:tt with the floor (pruned below it on a tick), the copies (only
+        # where still registered), key sets, key floors
+        f = self._floor(call)
+        f.value = max(f.value, floor)
+        touched = False
         for tenant, t in ten.items():
             if t.touched:
                 assert t.tag is not None
                 self.tt[tenant] = t.tag
+                touched = True
+        if touched or f.value > f.start or not f.stored:
+            self.tfloor = f.value
+        if not f.stored or math.floor(f.value / TICK) > math.floor(f.start / TICK):
+            self.tt = {t: tag for t, tag in self.tt.items() if tag >= f.value}
         for p in plist:
             assert p.ten is not None and p.ten.tag is not None
             if p.ten.touched and not p.dropped and p.tenant in p.q.tq:
@@ -652,11 +689,6 @@ class SfqModel:
             assert p.kf is not None
             if p.kf[1]:
                 q.kfloor[tenant] = float(p.kf[0])
-        f = self._floor(call)
-        if floor > float(f[0]):
-            f[0], f[1] = floor, True
-        if f[1] or served > 0:
-            self.tfloor = float(f[0])
         return out
 
     def _kw(self, q: QueueModel, flow: str) -> float:

@@ -6,7 +6,8 @@ is Given / When / Then on a real server with explicit clocks.
 
 Ported to the two-level store (notes/migration.md): a key that is its own tenant (the
 default) has its tag in V:tt (written when it is served) and its registration copy in
-B:tq; the floor is V:tfloor = the start tag of the run most recently begun; drained
+B:tq; the floor is the ``~floor`` member of V:tt = the start tag of the run most
+recently begun (tags it passed are pruned on every tick of 8); drained
 tenants keep their tag in V:tt (no idle index); keys at a cap are parked (B:park); the
 fair order's default serves per key per call is the whole call. Tests that are about
 "one serve per variant per call" pin ``max_per_key_per_call=1``.
@@ -18,7 +19,15 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from tests.state import fair_keys, parked, ready_tenants, tenant_floor, tenant_keys, tenant_tags
+from tests.state import (
+    delete_tenant_floor,
+    fair_keys,
+    parked,
+    ready_tenants,
+    tenant_floor,
+    tenant_keys,
+    tenant_tags,
+)
 
 from fairq import keys as K
 from fairq.errors import InvalidLimitError
@@ -68,7 +77,8 @@ async def set_tags(rq: RunQueue, env: Environment, values: dict[str, float]) -> 
 
 
 async def set_floor(rq: RunQueue, env: Environment, value: float) -> None:
-    await rq.client.set(rq.keys.env(env).tenant_floor, repr(value))
+    """Overwrite the floor (the ``~floor`` member of V:tt)."""
+    await rq.client.zadd(rq.keys.env(env).tenant_tags, {K.FLOOR_MEMBER: value})
 
 
 async def fair_queue(make_queue: Any, **vtime: Any) -> RunQueue:
@@ -155,7 +165,7 @@ async def test_floor_is_monotonic_and_read_repairs(make_queue: Any, env: Environ
         seen.append(await floor_of(rq, env) or 0.0)
     assert seen == sorted(seen) and seen[-1] >= 19
     assert seen[-1] == min((await tags(rq, env)).values()) - 1  # floor = last served start tag
-    await rq.client.delete(rq.keys.env(env).tenant_floor)
+    await delete_tenant_floor(rq, env)
     await deq(rq, env, max_count=1)
     assert await floor_of(rq, env) == 20.0  # read-repaired to the lowest stored tag
 
@@ -217,22 +227,27 @@ async def test_drained_variant_leaves_both_indexes(make_queue: Any, env: Environ
 
 
 async def test_state_ttls_are_set_and_refreshed(make_queue: Any, env: Environment) -> None:
-    """Plan 7. After a dequeue the tag index (V:tt), the floor (V:tfloor) and the
-    candidate copies (B:tq) carry a TTL in (0, state_ttl_seconds]; a later write
-    refreshes it."""
+    """Plan 7. After a dequeue the tag index (V:tt, with the floor) and the candidate
+    copies (B:tq) carry a TTL in (0, state_ttl_seconds]; a later write refreshes it.
+    Adapted: V:tt's TTL is refreshed when the floor crosses a multiple of 8 (not on every
+    call); a registration refreshes B:tq's."""
     rq = await fair_queue(make_queue, state_ttl_seconds=100)
     e, q = rq.keys.env(env), rq.keys.queue(env, QUEUE)
-    for i in range(3):
+    for i in range(12):
         await enq(rq, env, "a", f"a{i}", T0 + i)
-    await enq(rq, env, "b", "b0", T0 + 5)
+    await enq(rq, env, "b", "b0", T0 + 50)
     await deq(rq, env, max_count=2)  # b drains (its tag stays in V:tt), a advances
-    for key in (e.tenant_tags, e.tenant_floor, q.ready_tenants):
+    for key in (e.tenant_tags, q.ready_tenants):
         assert 0 < await rq.client.pttl(key) <= 100_000, key
-    await rq.client.expire(e.tenant_tags, 5)
-    await deq(rq, env, max_count=1)
+    await rq.client.pexpire(e.tenant_tags, 5_000)
+    await deq(rq, env, max_count=1)  # floor 1 -> 2: no tick
+    assert await rq.client.pttl(e.tenant_tags) <= 5_000
+    for _ in range(8):
+        await rq.ack(await deq(rq, env, max_count=1), now_ms=NOW)
+    assert await floor_of(rq, env) == 9.0  # crossed 8
     assert await rq.client.pttl(e.tenant_tags) > 5_000
-    await rq.client.expire(q.ready_tenants, 5)
-    await enq(rq, env, "c", "c0", T0 + 6)
+    await rq.client.pexpire(q.ready_tenants, 5_000)
+    await enq(rq, env, "c", "c0", T0 + 60)
     assert await rq.client.pttl(q.ready_tenants) > 5_000
 
 

@@ -2,7 +2,7 @@
 flag-on / flag-off processes sharing one server (mixed versions).
 
 Ported to the two-level store: tenant tags live in V:tt (kept after a tenant drains),
-the floor in V:tfloor, the candidates in B:tq (see notes/migration.md)."""
+the floor is its ``~floor`` member, the candidates in B:tq (see notes/migration.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from tests.state import fair_keys, tenant_tags
 
+from fairq import keys as K
 from fairq.config import RunQueueConfig
 from fairq.keys import Environment
 from fairq.models import Delivery
@@ -96,7 +97,7 @@ async def test_two_consumer_processes_one_base_queue_no_corruption(
             await asyncio.sleep(0.01)
         await rq.client.set(f"{prefix}:go", 1)
         while not all(f.done() for f in futures):
-            raw = await rq.client.get(e.tenant_floor)
+            raw = await rq.client.zscore(e.tenant_tags, K.FLOOR_MEMBER)
             if raw is not None:
                 floors.append(float(raw))
             for member, score in await rq.client.zrange(e.tenant_tags, 0, -1, withscores=True):
@@ -275,7 +276,7 @@ async def test_stale_vtime_keys_after_turning_the_flag_off_are_inert_and_expire(
                              available_at_ms=T0 + i * 10 + k, now_ms=T0)  # fmt: skip
     await on.ack(await on.dequeue_from_queue(env, QUEUE, keyed=True, max_count=10, now_ms=NOW))
     q, e = on.keys.queue(env, QUEUE), on.keys.env(env)
-    leftovers = [e.tenant_tags, e.tenant_floor, q.ready_tenants]
+    leftovers = [e.tenant_tags, q.ready_tenants]  # the floor is a member of V:tt
     assert all([await on.client.exists(k) for k in leftovers])
     assert set(leftovers) <= set(await fair_keys(on))
     off: RunQueue = await make_queue()

@@ -59,6 +59,7 @@ class Outcome:
     served_at: dict[str, int] = field(default_factory=dict)  # run -> step
     arrival: dict[str, Arrival] = field(default_factory=dict)
     log: list[tuple[int, str]] = field(default_factory=list)  # (step, ck) in serve order
+    order: list[str] = field(default_factory=list)  # runs in serve order
     steps: int = 0  # step of the last serve + 1
     empty_steps: int = 0  # steps whose dequeue served nothing while work was ready and slots free
 
@@ -120,7 +121,7 @@ async def run_scenario(
     *,
     max_steps: int = 5000,
     env_limit: int = ENV_LIMIT,
-    hold: int = HOLD,
+    hold: int | Callable[[Arrival], int] = HOLD,
     max_count: int = MAX_COUNT,
     queues: list[str] | None = None,
     key_cap: Callable[[str], int] | None = None,
@@ -135,14 +136,18 @@ async def run_scenario(
         by_step[a.step].append(a)
     await rq.set_env_limits(env, concurrency=env_limit)
     outcome = Outcome(arrival={a.run: a for a in arrivals})
-    holding: list[tuple[int, Delivery]] = []
+    holding: list[tuple[int, Delivery]] = []  # (step its hold ends, delivery)
+
+    def hold_of(a: Arrival) -> int:
+        return hold(a) if callable(hold) else hold
+
     enqueued: dict[str, Arrival] = {}
     step = 0
     while len(outcome.served_at) < len(arrivals):
         assert step < max_steps, "scenario did not drain"
         now = T_BASE + step * STEP_MS + STEP_MS - 1
-        due = [d for s, d in holding if s + hold <= step]
-        holding = [(s, d) for s, d in holding if s + hold > step]
+        due = [d for s, d in holding if s <= step]
+        holding = [(s, d) for s, d in holding if s > step]
         if due:
             await rq.ack(due, now_ms=now)
         for a in by_step.get(step, []):
@@ -166,7 +171,8 @@ async def run_scenario(
             assert d.run_id not in outcome.served_at, f"{d.run_id} served twice"
             outcome.served_at[d.run_id] = step
             outcome.log.append((step, d.concurrency_key or ""))
-            holding.append((step, d))
+            outcome.order.append(d.run_id)
+            holding.append((step + hold_of(outcome.arrival[d.run_id]), d))
             del enqueued[d.run_id]
         if batch:
             outcome.steps = step + 1

@@ -4,7 +4,7 @@ and the membership closure invariant, on seeded random workloads.
 Ported to the two-level order: one environment with several queues, named and default
 tenants, keyless runs, key and tenant weights, key / tenant / queue caps, tenant
 changes and the loss of the floor key. After EVERY operation the served (run, queue,
-key, tenant) sequence and the stored order state (V:tt, V:tfloor, per queue B:tq,
+key, tenant) sequence and the stored order state (V:tt with its ~floor, per queue B:tq,
 B:park, B:parkdue, B:tkfloor and the key sets) must equal the model's exactly.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from tests.sfq_model import KEYLESS, SfqModel
-from tests.state import s
+from tests.state import delete_tenant_floor, s
 
 from fairq import keys as K
 from fairq.keys import Environment
@@ -51,7 +51,6 @@ async def read_state(rq: RunQueue, env: Environment, queues: tuple[str, ...]) ->
 
     def build(pipe: Any) -> None:
         pipe.zrange(e.tenant_tags, 0, -1, withscores=True)
-        pipe.get(e.tenant_floor)
         for name in queues:
             q = rq.keys.queue(env, name)
             pipe.zrange(q.ready_tenants, 0, -1, withscores=True)
@@ -62,10 +61,8 @@ async def read_state(rq: RunQueue, env: Environment, queues: tuple[str, ...]) ->
                 pipe.zrange(q.tenant_keys(K.encode_tenant(t)), 0, -1, withscores=True)
 
     replies = iter(await rq.pipeline(build))
-    out: dict[str, Any] = {
-        "tt": {s(m): float(v) for m, v in next(replies)},
-        "tfloor": None if (raw := next(replies)) is None else float(raw),
-    }
+    tt = {s(m): float(v) for m, v in next(replies)}
+    out: dict[str, Any] = {"tfloor": tt.pop(K.FLOOR_MEMBER, None), "tt": tt}
     for name in queues:
         out[f"{name}.tq"] = {s(m): float(v) for m, v in next(replies)}
         out[f"{name}.park"] = {s(k): s(v) for k, v in next(replies).items()}
@@ -135,7 +132,7 @@ async def run_workload(
                 )
                 await rq.enqueue(env, queue, run, None, concurrency_key=key, tenant=tenant,
                                  available_at_ms=score, now_ms=now)  # fmt: skip
-                model.enqueue(queue, run, key, tenant, score)
+                model.enqueue(queue, run, key, tenant, score, now)
         elif op < 0.63:
             kind = "dequeue"
             max_count = rng.randint(1, 10)
@@ -154,14 +151,14 @@ async def run_workload(
             kind = "ack"
             for run in rng.sample(sorted(inflight), k=min(len(inflight), rng.randint(1, 5))):
                 await rq.ack([inflight.pop(run)], now_ms=now)
-                model.ack(run)
+                model.ack(run, now)
         elif op < 0.85:
             kind = "nack"
             if inflight:
                 run = rng.choice(sorted(inflight))
                 retry_at = now if rng.random() < 0.6 else now + rng.randint(1, 30)
                 await rq.nack(inflight.pop(run), retry_at_ms=retry_at, now_ms=now)
-                model.nack(run, retry_at)
+                model.nack(run, retry_at, now)
         elif op < 0.89:
             kind = "cap"
             queue = rng.choice(queues)
@@ -197,7 +194,7 @@ async def run_workload(
             tenant_of[rng.choice(keys)] = rng.choice([*TENANTS, None])
         elif op < 0.98:
             kind = "floor"
-            await rq.client.delete(rq.keys.env(env).tenant_floor)
+            await delete_tenant_floor(rq, env)
             model.delete_floor()
         else:
             kind = "idle"
