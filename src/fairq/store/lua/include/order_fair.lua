@@ -238,7 +238,7 @@ local CAP_RECHECK_MS = 30000
 -- Park a member: 'c:' (held back by a cap; back on a freed slot) or 'd:' (held back
 -- by time; back when `due`).
 local function park(X, Q, member, tag, due)
-  redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. tag)
+  redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. exact(tag))
   redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
   X.hpark = X.hpark or {}
   X.hpark[queue_key(Q.B, 'parked_due')] = true
@@ -854,7 +854,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     call_chunked('ZADD', tt, tt_args)
   end
   if tick then
-    redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. f.value)
+    redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
     redis.call('EXPIRE', tt, X.C.state_ttl)
   end
   for _, p in ipairs(plist) do

@@ -74,6 +74,12 @@ local function arg_groups(args, first, size, what)
   return extra / size
 end
 
+-- A number as text, exactly as redis.call passes a number argument (%.17g): for scores
+-- built into strings (a range bound, a stored tag) that must round-trip unchanged.
+local function exact(x)
+  return string.format('%.17g', x)
+end
+
 -- redis.call on many members at once, chunked so no call passes Lua's unpack limit.
 local UNPACK_CHUNK = 4000
 local function call_chunked(command, key, items, ...)
