@@ -40,6 +40,10 @@ UNLIMITED = 1_000_000_000
 TICK = 8
 #: A member parked by a cap is also re-checked this long after parking.
 CAP_RECHECK_MS = 30_000
+#: The member of V:tt (and of a key set) that holds its floor.
+FLOOR_MEMBER = "~floor"
+#: Entries of a key set a dequeue reads at least (a smaller set is read whole).
+KEYS_LOADED = 64
 
 
 def default_tenant(queue: str, flow: str) -> str:
@@ -73,7 +77,8 @@ class QueueModel:
     ftenant: dict[str, str] = field(default_factory=dict)  # flow -> named tenant
     tq: dict[str, float] = field(default_factory=dict)  # tenant -> tag copy
     keysets: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant -> key -> tag
-    kfloor: dict[str, float] = field(default_factory=dict)  # tenant -> key floor
+    kfloor: dict[str, float] = field(default_factory=dict)  # tenant -> key floor (~floor)
+    named: bool = False  # a flow of the queue ever had a named tenant (the config flag)
     park: dict[str, str] = field(default_factory=dict)  # 't:T' / 'k:K' -> 'c:tag' / 'd:tag'
     parkdue: dict[str, int] = field(default_factory=dict)
     kcaps: dict[str, int] = field(default_factory=dict)
@@ -111,7 +116,7 @@ class _Key:
     weight: float
     active: bool = True
     touched: bool = False
-    drained: bool = False
+    gone: bool = False  # left the key set in this call (drained or parked)
 
 
 @dataclass
@@ -125,6 +130,7 @@ class _Pair:
     dropped: bool = False
     simple: bool = False
     keys: list[_Key] | None = None
+    complete: bool = False  # its whole key set was loaded
     kf: list[float | bool] | None = None  # [value, dirty] of its key floor
     ten: _Ten | None = None
 
@@ -143,6 +149,8 @@ class _Call:
         self.now = now
         self.floor: _Floor | None = None
         self.kf: dict[tuple[str, str], list[float | bool]] = {}
+        #: (queue, tenant) whose key set got a key in this script
+        self.kadded: set[tuple[str, str]] = set()
 
 
 @dataclass
@@ -218,20 +226,24 @@ class SfqModel:
                 return min(top + self.quantum, floor + self.arrival_cap)
         return floor
 
-    def _register_key(self, call: _Call, q: QueueModel, tenant: str, flow: str) -> None:
+    def _register_key(self, call: _Call, q: QueueModel, tenant: str, flow: str) -> float | None:
+        """Register a key in its named tenant's key set; its tag there (None: parked)."""
         kk = q.keys_of(tenant)
-        if flow in kk or f"k:{flow}" in q.park:
-            return
-        if (
-            not kk
-            and tenant != flow
-            and tenant in q.tq
-            and q.queued.get(tenant)
-            and tenant not in q.ftenant
-        ):
-            # the tenant was a key serving as its own tenant here: it joins the key set
-            kk[tenant] = float(self._key_floor(call, q, tenant)[0])
-        kk[flow] = self._key_join(call, q, tenant)
+        if flow in kk:
+            return kk[flow]
+        if f"k:{flow}" in q.park:
+            return None
+        kf = self._key_floor(call, q, tenant)
+        if tenant != flow and tenant not in kk and q.queued.get(tenant) and tenant not in q.ftenant:
+            # a key named as the tenant serves as its own tenant here: it joins the set
+            kk[tenant] = float(kf[0])
+        tag = self._key_join(call, q, tenant)
+        kk[flow] = tag
+        if kf[1]:
+            q.kfloor[tenant] = float(kf[0])
+            kf[1] = False
+        call.kadded.add((q.name, tenant))
+        return tag
 
     def _flow_queued(
         self, call: _Call, q: QueueModel, flow: str, score: int, tenant: str, is_new: bool
@@ -258,6 +270,7 @@ class SfqModel:
         if head is None or score < head:
             if head is None and tenant:
                 q.ftenant[flow] = tenant
+                q.named = True
             self._flow_queued(call, q, flow, score, tenant, head is None)
 
     # ------------------------------------------------------------------ parking
@@ -278,6 +291,7 @@ class SfqModel:
             tenant = named or default_tenant(q.name, name)
             if named:
                 q.keys_of(tenant).setdefault(name, tag)
+                call.kadded.add((q.name, tenant))
             del q.park[member]
             self._register_pair(call, q, tenant)
         q.parkdue.pop(member, None)
@@ -406,7 +420,6 @@ class SfqModel:
         self, queues: list[QueueModel], heads: dict[str, int], budget: int, now: int
     ) -> list[tuple[str, str, str]]:
         call = _Call(now)
-        floor = self._floor(call).value
         by_id: dict[tuple[str, str], _Pair] = {}
         plist: list[_Pair] = []
         ten: dict[str, _Ten] = {}
@@ -424,6 +437,7 @@ class SfqModel:
             return p
 
         def attach(first: int) -> None:
+            floor = self._floor(call).value
             for p in plist[first:]:
                 if p.tenant not in ten:
                     ten[p.tenant] = _Ten(self.tt.get(p.tenant), self.tw.get(p.tenant))
@@ -479,29 +493,43 @@ class SfqModel:
                 attach(before)
             return len(plist) - before
 
+        def pair_emptied(p: _Pair) -> bool:
+            """Every key of a (wholly loaded) key set left it in this call."""
+            if not p.complete or (p.q.name, p.tenant) in call.kadded:
+                return False
+            return all(k.gone for k in p.keys or [])
+
         def load_keys(p: _Pair) -> None:
             if p.keys is not None or p.simple:
                 return
             q = p.q
+            width = max(budget + 8, KEYS_LOADED)
             kk = q.keysets.get(p.tenant) or {}
-            entries = sorted(kk.items(), key=lambda e: (e[1], e[0]))[: budget + 9]
+            members = dict(kk)
+            if p.tenant in q.kfloor:
+                members[FLOOR_MEMBER] = q.kfloor[p.tenant]
+            entries = sorted(members.items(), key=lambda e: (e[1], e[0]))[:width] if q.named else []
             if not entries:
                 p.simple = True
                 return
+            p.complete = len(entries) < width
+            tags = {f: tag for f, tag in entries if f != FLOOR_MEMBER}
+            flows = list(tags)
             kf = self._key_floor(call, q, p.tenant)
+            for f in sorted(f for f in p.disc if f not in tags):
+                found = None if p.complete else kk.get(f)
+                tag = found if found is not None else self._register_key(call, q, p.tenant, f)
+                if tag is not None:
+                    flows.append(f)
+                    tags[f] = tag
             p.kf = kf
-            p.keys = []
-            listed = set()
-            for f, tag in entries:
-                listed.add(f)
-                p.keys.append(_Key(f, max(tag, float(kf[0])), p.disc.get(f, INF), self._kw(q, f)))
-            for f, head in p.disc.items():
-                if f not in listed:
-                    self._register_key(call, q, p.tenant, f)
-                    tag = q.keys_of(p.tenant).get(f)
-                    if tag is not None:
-                        p.keys.append(_Key(f, max(tag, float(kf[0])), head, self._kw(q, f)))
+            p.keys = [
+                _Key(f, max(tags[f], float(kf[0])), p.disc.get(f, INF), self._kw(q, f))
+                for f in flows
+            ]
             keysets[(q.name, p.tenant)] = p
+            if not p.keys and pair_emptied(p):
+                drop(p)
 
         def pair_key(c: _Pair) -> tuple[float, float, str, str]:
             assert c.ten is not None and c.ten.tag is not None
@@ -527,21 +555,21 @@ class SfqModel:
 
         def park_key(p: _Pair, k: _Key, due: int | None) -> None:
             nonlocal parked_now
-            kk = p.q.keys_of(p.tenant)
-            kk.pop(k.flow, None)
+            k.active = False
+            k.gone = True
+            p.q.keys_of(p.tenant).pop(k.flow, None)
             self._park(call, p.q, f"k:{k.flow}", k.tag, due)
             parked_now = True
-            if not kk:
-                p.q.tq.pop(p.tenant, None)
+            if pair_emptied(p):
+                drop(p)
 
         def advance(p: _Pair, kc: _Key | None, got: int) -> None:
-            nonlocal floor
             t = p.ten
             assert t is not None and t.tag is not None and t.weight is not None
             step = self.quantum / t.weight
             start = t.tag
-            if start + (got - 1) * step > floor:
-                floor = start + (got - 1) * step
+            f = self._floor(call)
+            f.value = max(f.value, start + (got - 1) * step)
             t.tag = start + got * step
             t.touched = True
             if kc is not None:
@@ -595,7 +623,6 @@ class SfqModel:
                             p.active = False
                     elif bound == "key" and not p.simple:
                         assert kc is not None
-                        kc.active = False
                         park_key(p, kc, None)
                     else:
                         p.active = False
@@ -634,16 +661,14 @@ class SfqModel:
                 if head is None:
                     if kc is not None:
                         kc.active = False
-                        kc.drained = True
-                        kk = q.keys_of(p.tenant)
-                        kk.pop(flow, None)
-                        if not kk:
+                        kc.gone = True
+                        q.keys_of(p.tenant).pop(flow, None)
+                        if pair_emptied(p):
                             drop(p)
                     else:
                         drop(p)
                 elif head > now:
                     if kc is not None:
-                        kc.active = False
                         park_key(p, kc, head)
                     else:
                         p.active = False
@@ -662,10 +687,12 @@ class SfqModel:
             if served >= budget or not parked_now:
                 break
 
-        # write back: V:tt with the floor (pruned below it on a tick), the copies (only
-        # where still registered), key sets, key floors
-        f = self._floor(call)
-        f.value = max(f.value, floor)
+        # write back (only when the floor was read: else nothing was a candidate): V:tt
+        # with the floor (pruned below it on a tick), the copies (only where still
+        # registered), key sets with their floors
+        f = call.floor
+        if f is None:
+            return out
         touched = False
         for tenant, t in ten.items():
             if t.touched:
@@ -684,11 +711,12 @@ class SfqModel:
             q = self.queues[qname]
             kk = q.keys_of(tenant)
             for k in p.keys or []:
-                if k.touched and not k.drained and k.flow in kk:
+                if k.touched and not k.gone:
                     kk[k.flow] = k.tag
             assert p.kf is not None
             if p.kf[1]:
                 q.kfloor[tenant] = float(p.kf[0])
+                p.kf[1] = False
         return out
 
     def _kw(self, q: QueueModel, flow: str) -> float:

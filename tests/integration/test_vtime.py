@@ -22,6 +22,7 @@ import pytest
 from tests.state import (
     delete_tenant_floor,
     fair_keys,
+    key_floor,
     parked,
     ready_tenants,
     tenant_floor,
@@ -334,7 +335,7 @@ async def test_flag_off_creates_no_vtime_keys_and_serves_in_head_order(
 ) -> None:
     """Plan 18. With the flag off, a mixed sequence (enqueues on 3 keys with distinct
     head ages, batched dequeues, a nack, acks) creates no fair-order key (V:tt, V:tfloor,
-    B:tq, B:tkfloor, B:park, B:parkdue, key sets, env tags), and one-per-call dequeues
+    B:tq, B:park, B:parkdue, key sets, env tags), and one-per-call dequeues
     follow head order."""
     rq: RunQueue = await make_queue()
     assert not rq.fair
@@ -516,8 +517,10 @@ async def test_join_policy_behind_leader_starts_one_quantum_behind_the_leader(
         await enq(rq, e, "b", "b0", T0 + 1, tenant="acme")
         q = rq.keys.queue(e, QUEUE)
         assert await tenant_keys(rq, e, QUEUE, "acme") == {"a": 0.0, "b": 0.0}
-        await rq.client.zadd(q.tenant_keys(K.encode_tenant("acme")), {"a": 10.0, "b": 3.0})
-        await rq.client.hset(q.key_floors, "acme", "3")  # type: ignore[misc]
+        assert await key_floor(rq, e, QUEUE, "acme") == 0.0  # written with the first key
+        await rq.client.zadd(
+            q.tenant_keys(K.encode_tenant("acme")), {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0}
+        )
         await set_floor(rq, e, 3.0)
         await rq.client.zadd(rq.keys.env(e).tenant_tags, {"back": 7.0})
         await enq(rq, e, "fresh", "f0", T0 + 2, tenant="acme")

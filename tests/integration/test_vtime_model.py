@@ -5,7 +5,7 @@ Ported to the two-level order: one environment with several queues, named and de
 tenants, keyless runs, key and tenant weights, key / tenant / queue caps, tenant
 changes and the loss of the floor key. After EVERY operation the served (run, queue,
 key, tenant) sequence and the stored order state (V:tt with its ~floor, per queue B:tq,
-B:park, B:parkdue, B:tkfloor and the key sets) must equal the model's exactly.
+B:park, B:parkdue and the key sets with their ~floor) must equal the model's exactly.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ async def read_state(rq: RunQueue, env: Environment, queues: tuple[str, ...]) ->
             pipe.zrange(q.ready_tenants, 0, -1, withscores=True)
             pipe.hgetall(q.parked)
             pipe.zrange(q.parked_due, 0, -1, withscores=True)
-            pipe.hgetall(q.key_floors)
             for t in TENANTS:
                 pipe.zrange(q.tenant_keys(K.encode_tenant(t)), 0, -1, withscores=True)
 
@@ -67,9 +66,11 @@ async def read_state(rq: RunQueue, env: Environment, queues: tuple[str, ...]) ->
         out[f"{name}.tq"] = {s(m): float(v) for m, v in next(replies)}
         out[f"{name}.park"] = {s(k): s(v) for k, v in next(replies).items()}
         out[f"{name}.parkdue"] = {s(m): int(float(v)) for m, v in next(replies)}
-        out[f"{name}.kfloor"] = {s(k): float(v) for k, v in next(replies).items()}
+        floors = out[f"{name}.kfloor"] = {}
         for t in TENANTS:
             keys = {s(m): float(v) for m, v in next(replies)}
+            if K.FLOOR_MEMBER in keys:  # a tenant's key floor is a member of its key set
+                floors[t] = keys.pop(K.FLOOR_MEMBER)
             if keys:
                 out[f"{name}.keys.{t}"] = keys
     return out
