@@ -77,6 +77,22 @@ def backlogged_shares(o: Outcome, tenants: list[str]) -> tuple[dict[str, float],
     return {t: counts[t] / total for t in tenants}, total
 
 
+def key_counts_in_window(o: Outcome, tenants: list[str], field: str = "ck") -> Counter[str]:
+    """Serves per key (or per queue) of the listed tenants in the backlogged window."""
+    first_arrival = {
+        t: min(a.step for a in o.arrival.values() if (a.tenant or a.ck) == t) for t in tenants
+    }
+    last_served = {
+        t: max(o.served_at[r] for r in o.arrival if tenant_of(o, r) == t) for t in tenants
+    }
+    start, end = max(first_arrival.values()), min(last_served.values())
+    return Counter(
+        getattr(o.arrival[r], field)
+        for r in o.order
+        if start <= o.served_at[r] < end and tenant_of(o, r) in tenants
+    )
+
+
 def old_backlog(tenant: str | None, keys: list[str], count: int, queues: list[str] | None = None,
                 offset: int = 0) -> list[Arrival]:  # fmt: skip
     """``count`` runs at step 0 spread round-robin over ``keys`` (and ``queues``), with
@@ -104,7 +120,8 @@ async def both_orders(
 
 async def test_tenant_shares_over_keys_one_key_vs_nine(make_queue: Any) -> None:
     """Tenant A (one key) vs tenant B (nine keys), both backlogged: each gets half of the
-    service (+-5%); the age order gives B ~9/10 (its heads are older)."""
+    service (+-5%), and B's half is shared evenly by its keys (each within 1 serve of
+    the others); the age order gives B everything (its heads are older)."""
     arr = old_backlog("A", ["a"], 150, offset=1000) + old_backlog(
         "B", [f"b{i}" for i in range(9)], 400
     )
@@ -112,13 +129,17 @@ async def test_tenant_shares_over_keys_one_key_vs_nine(make_queue: Any) -> None:
     shares, n = backlogged_shares(on, ["A", "B"])
     assert n >= 250
     assert shares["A"] == pytest.approx(0.5, abs=0.05), shares
+    per_key = key_counts_in_window(on, ["A", "B"])
+    b_keys = [per_key[f"b{i}"] for i in range(9)]
+    assert max(b_keys) - min(b_keys) <= 1, per_key
     age_shares, _ = backlogged_shares(age, ["A", "B"])
     assert age_shares["A"] < 0.3, age_shares
 
 
 async def test_tenant_shares_over_queues_one_queue_vs_nine(make_queue: Any) -> None:
     """Tenant B's runs over 9 queues of the env vs tenant A in one, one consumer over all
-    ten queues: each tenant gets half (+-5%); the age order gives B most."""
+    ten queues: each tenant gets half (+-5%), B's half spread over its queues; the age
+    order gives B everything."""
     queues = [f"q{i}" for i in range(10)]
     arr = old_backlog("A", ["a"], 150, ["q0"], offset=1000) + old_backlog(
         "B", ["b"], 400, queues[1:]
@@ -127,6 +148,9 @@ async def test_tenant_shares_over_queues_one_queue_vs_nine(make_queue: Any) -> N
     shares, n = backlogged_shares(on, ["A", "B"])
     assert n >= 250
     assert shares["A"] == pytest.approx(0.5, abs=0.05), shares
+    per_queue = key_counts_in_window(on, ["A", "B"], "queue")
+    b_queues = [per_queue[q] for q in queues[1:]]
+    assert max(b_queues) - min(b_queues) <= 0.1 * per_queue["q0"], per_queue
     age_shares, _ = backlogged_shares(age, ["A", "B"])
     assert age_shares["A"] < 0.3, age_shares
 
@@ -446,3 +470,27 @@ async def test_floor_survives_a_tick_with_fractional_tags(
         start, tag = tag, tag + 1 / 1.5
         assert await tenant_floor(rq, env) == start, call
         assert await tenant_tags(rq, env) == {"x": tag}, call
+
+
+async def test_cold_start_discovery_registers_named_tenants_by_the_join_rules(
+    make_queue: Any, env: Environment
+) -> None:
+    """Cold start: tenant A (one key) and tenant B (nine keys) enqueued by an age-order
+    process (nothing registered), then fair dequeues: the first call registers both
+    tenants at the floor (0) and B's keys at its key floor (0), and the tenant level
+    applies from the first call on: 10 one-run calls split 5 / 5 (the age order would
+    serve B's older heads only)."""
+    age: RunQueue = await make_queue()
+    for i in range(20):
+        await age.enqueue(env, QUEUE, f"b{i}", None, concurrency_key=f"b{i % 9}", tenant="B",
+                          available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
+        await age.enqueue(env, QUEUE, f"a{i}", None, concurrency_key="a", tenant="A",
+                          available_at_ms=T0 + 100 + i, now_ms=T0)  # fmt: skip
+    rq = await fair(make_queue)
+    assert await ready_tenants(rq, env, QUEUE) == {}
+    first = await rq.dequeue(10, env=env, queues=[QUEUE], now_ms=NOW)
+    assert Counter(d.tenant for d in first) == {"A": 5, "B": 5}
+    assert set(await ready_tenants(rq, env, QUEUE)) == {"A", "B"}
+    keys_b = await tenant_keys(rq, env, QUEUE, "B")
+    assert set(keys_b) == {f"b{i}" for i in range(9)}
+    assert sorted(keys_b.values()) == [0.0] * 4 + [1.0] * 5  # 5 served once, from 0
