@@ -22,9 +22,9 @@ pausing, duration charging, burst factors other than 1, the age-order queues of 
 mixed call, and a tenant named like a key of another tenant.
 
 Two details of the stored representation are part of the observable state and so are
-modelled: a parked tag is stored as text with 14 significant digits (``'c:'`` / ``'d:'``
-+ tag), and the candidate window / discovery read sorted sets in Redis order (score,
-then member bytes).
+modelled: a parked tag is stored as text (``'c:'`` / ``'d:'`` + the tag with 17
+significant digits), and the candidate window, discovery and key-set loads read sorted
+sets in Redis order (score, then member bytes).
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def default_tenant(queue: str, flow: str) -> str:
 
 
 def park_text(kind: str, tag: float) -> str:
-    """The stored text of a parked tag (``c`` cap, ``d`` due): 14 significant digits."""
-    return f"{kind}:{tag:.14g}"
+    """The stored text of a parked tag (``c`` cap, ``d`` due): 17 significant digits (it
+    round-trips exactly)."""
+    return f"{kind}:{tag:.17g}"
 
 
 @dataclass
