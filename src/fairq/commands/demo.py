@@ -13,11 +13,12 @@ then in fair order (start-time fair queueing across keys). Each run measures its
 order they are served as soon as a slot frees.
 
 Workers lease batches of 8 runs, and one call may take up to 8 runs of one key
-(``max_per_key_per_call=8``, the setting we recommend with the fair order): each batch
-then follows the order exactly, oldest heads first in age order, lowest virtual tags
-first in fair order. (With one run per key per call, a batch already mixes keys, which
-softens the age order's starvation of a *few* keys; it still starves a light key once
-keys outnumber the scan window, the "sybil" case ``fairq sim ckSybil`` shows.)
+(``max_per_key_per_call=8``; the fair order's default is the whole call anyway): each
+batch then follows the order exactly, oldest heads first in age order, lowest virtual
+tags first in fair order. (With the age order's default of one run per key per call, a
+batch already mixes keys, which softens its starvation of a *few* keys; it still starves
+a light key once keys outnumber the scan window, the "sybil" case ``fairq sim ckSybil``
+shows.) The order is stored as each pass's environment's order on the server.
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ async def run_pass(
 
     rq: RunQueue = await app.queue()
     await rq.set_env_limits(env, concurrency=workload.env_concurrency)
+    # the order is the environment's, on the server: every process (a dashboard too) sees it
+    await rq.set_env_options(env, order=order)
     started = time.monotonic()
     t0 = wall_clock_ms()
     # the backlog: queued a minute ago, as far as the order is concerned
