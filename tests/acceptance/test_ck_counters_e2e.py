@@ -4,6 +4,8 @@ Seed 003 verified, against a live environment: 24 keyed enqueues across 4 varian
 with 8 started → Queued 16 / Running 8; with a size limit of 16, 12 more enqueues → 8
 accepted and 4 rejected; with the counter deleted while 31 runs sat in variants, one
 more enqueue → the counter read 32 (31 seeded, then counted).
+
+Ported to the rewritten store: ``rq.run_state`` moved to ``tests/state.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import pytest
+from tests.state import run_state
 
 from fairq.errors import QueueSizeLimitExceededError
 from fairq.keys import Environment
@@ -103,7 +106,7 @@ async def test_seed_end_to_end(make_queue: MakeQueue, env: Environment, scope: s
             )  # fmt: skip
         except QueueSizeLimitExceededError as exc:
             rejected.append(exc)
-            assert await rq.run_state(env, run_id) is None
+            assert await run_state(rq, env, run_id) is None
             for ck in VARIANTS:
                 assert await rq.client.zscore(q.variant_queued(ck), run_id) is None
         else:
@@ -156,8 +159,8 @@ async def test_batch_enqueue_reports_each_item(make_queue: MakeQueue, env: Envir
     E, D, R = EnqueueStatus.ENQUEUED, EnqueueStatus.DUPLICATE, EnqueueStatus.REJECTED
     assert [r.status for r in results] == [D, E, E, E, D, E, R, R, E]
     assert [r.queue_size_limit for r in results if r.status is R] == [6, 6]
-    assert await rq.run_state(env, "b-4") is None
-    assert await rq.run_state(env, "b-5") is None
+    assert await run_state(rq, env, "b-4") is None
+    assert await run_state(rq, env, "b-5") is None
     stats = await rq.queue_stats(env, QUEUE)
     assert (stats.queued, stats.queue_size_limit) == (6, 6)
     assert (await counters(rq, env))[0] == 5

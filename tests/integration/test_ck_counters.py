@@ -13,9 +13,15 @@ The tests come in three groups, meant to be read beside the design documents:
 * the reference's drift sources (§4.2), each shown designed out.
 
 fairq differences that shape the tests: dequeue leases directly (no separate
-"dequeued" set, so claimed == running); ``B:ckbusy`` indexes variants with runs in
-flight; enqueue of an existing run id is always a no-op; every counter operation
-seeds a missing counter from the truth *before* its membership change.
+"dequeued" set, so claimed == running); enqueue of an existing run id is always a
+no-op; a script collects its counter deltas and applies them once at the end, seeding
+a missing counter from the truth (include/counters.lua).
+
+Ported to the rewritten store: ``B:ckbusy`` is gone by design. The running truth a
+missing ``B:ckrunning`` is seeded from is the environment's in-flight set
+(``V:inflight``), which holds every slot holder, also of variants with nothing queued;
+where a test read ``ckbusy`` it now asserts the same property on the variant in-flight
+sets and ``V:inflight``. ``release`` returns ``ReleaseStatus`` values.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from importlib import resources
+
+from tests import state
 
 from fairq.config import RetryPolicy
 from fairq.keys import Environment, QueueKeys, encode_concurrency_key
@@ -32,9 +40,10 @@ from fairq.models import (
     EnqueueRequest,
     EnqueueStatus,
     NackOutcome,
+    ReleaseStatus,
 )
-from fairq.scripts import SCRIPT_NAMES, expand
 from fairq.store import RunQueue
+from fairq.store.scripts import assemble, script_names, uses_order
 
 MakeQueue = Callable[..., Awaitable[RunQueue]]
 
@@ -178,7 +187,8 @@ async def test_floor_at_zero(make_queue: MakeQueue, env: Environment) -> None:
 
 async def test_non_ck_queue_never_gets_a_counter(make_queue: MakeQueue, env: Environment) -> None:
     """Regression: a purely keyless queue, through every operation that touches counters
-    on keyed runs, creates no counter, no CK index and no busy set."""
+    on keyed runs, creates no counter (queued, running, per-tenant running), no CK index
+    and no variant key."""
     rq = await make_queue(retry=RetryPolicy(max_attempts=2, randomize=False), lease_ms=1000)
     q = qkeys(rq, env)
     # a size limit makes enqueue compute the queue size (the CK part must read 0)
@@ -189,7 +199,7 @@ async def test_non_ck_queue_never_gets_a_counter(make_queue: MakeQueue, env: Env
     assert len(leased) == 4
     assert await rq.ack([leased[0]], now_ms=T0 + 2) == [AckStatus.ACKED]
     assert await rq.nack(leased[1], retry_at_ms=T0 + 2, now_ms=T0 + 2) is NackOutcome.REQUEUED
-    assert await rq.release([leased[2]], now_ms=T0 + 2) == [True]
+    assert await rq.release([leased[2]], now_ms=T0 + 2) == [ReleaseStatus.RELEASED]
     assert await rq.expire_ttl(now_ms=T0 + 10, batch=1000) == 1
     assert await rq.reclaim_lapsed_leases(now_ms=T0 + 5000, batch=1000) == 2
     again = await rq.dequeue_from_queue(env, QUEUE, keyed=False, max_count=10, now_ms=T0 + 5001)
@@ -201,7 +211,7 @@ async def test_non_ck_queue_never_gets_a_counter(make_queue: MakeQueue, env: Env
     assert stats.variants == []
     assert stats.queued + stats.running >= 1
     present = await keys_of(rq, env)
-    for key in (q.ck_queued_counter, q.ck_running_counter, q.ck_index, q.ck_busy):
+    for key in (q.ck_queued_counter, q.ck_running_counter, q.ck_index, q.tenant_running):
         assert key not in present
     assert not [k for k in present if ":ck:" in k]
     assert len(ids) == 6
@@ -210,17 +220,24 @@ async def test_non_ck_queue_never_gets_a_counter(make_queue: MakeQueue, env: Env
 async def test_mixed_ck_and_non_ck_on_one_base_queue(
     make_queue: MakeQueue, env: Environment
 ) -> None:
-    """Keyless and keyed runs of one base queue add up in every reader."""
+    """Keyless and keyed runs of one base queue add up in every reader.
+
+    Ported: the reader now seeds a missing Running counter (to 0 here) whenever
+    variants hold runs, as readers.py documents; so that the keyless dequeue is still
+    shown to create no counter, the seeded one is deleted before it."""
     rq = await make_queue()
     await enqueue_ck(rq, env, None, 4)
     await enqueue_ck(rq, env, "a", 3)
     await enqueue_ck(rq, env, "b", 2)
+    assert (await queued_counter(rq, env), await running_counter(rq, env)) == (5, None)
     stats = await rq.queue_stats(env, QUEUE, breakdown=True)
     assert (stats.queued, stats.running) == (9, 0)
     assert {v.concurrency_key: v.queued for v in stats.variants} == {"a": 3, "b": 2}
-    assert await queued_counter(rq, env) == 5
+    assert (await queued_counter(rq, env), await running_counter(rq, env)) == (5, 0)
+    await rq.client.delete(qkeys(rq, env).ck_running_counter)
     # keyless dequeues leave the CK counters alone; keyed dequeues move them
-    await rq.dequeue_from_queue(env, QUEUE, keyed=False, max_count=2, now_ms=T0 + 1)
+    got = await rq.dequeue_from_queue(env, QUEUE, keyed=False, max_count=2, now_ms=T0 + 1)
+    assert [d.concurrency_key for d in got] == [None, None]
     assert (await queued_counter(rq, env), await running_counter(rq, env)) == (5, None)
     await take_ck(rq, env, 2)
     assert (await queued_counter(rq, env), await running_counter(rq, env)) == (3, 2)
@@ -441,7 +458,7 @@ class TestReferenceCkCounters:
         (other,) = await take_ck(rq, env, 1, now=T0 + 3)
         assert await rq.ack([d], now_ms=T0 + 4) == [AckStatus.ACKED]
         assert await rq.ack([d], now_ms=T0 + 4) == [AckStatus.UNKNOWN]
-        assert await rq.release([d], now_ms=T0 + 4) == [False]
+        assert await rq.release([d], now_ms=T0 + 4) == [ReleaseStatus.UNKNOWN]
         assert await running_counter(rq, env) == 1
         assert await rq.ack([other], now_ms=T0 + 4) == [AckStatus.ACKED]
         assert await running_counter(rq, env) == 0
@@ -462,7 +479,8 @@ class TestReferenceCkCounters:
 
         Reference: a fast-pathed variant is absent from the CK index, so its seeding had
         to add the variant's own set by hand. fairq has no fast path; the same gap (a
-        variant drained of queued runs leaves the index) is closed by ``B:ckbusy``."""
+        variant drained of queued runs leaves the index) is closed by seeding Running
+        from the environment's in-flight set, which holds every slot holder."""
         rq = await make_queue()
         await enqueue_ck(rq, env, "solo", 1)
         await take_ck(rq, env, 1)  # "solo" is now running-only: not in the CK index
@@ -483,7 +501,7 @@ class TestReferenceCkCounters:
         await enqueue_ck(rq, env, "b", 1)
         leased = await take_ck(rq, env, 2)
         await rq.client.delete(qkeys(rq, env).ck_running_counter)
-        assert await rq.release([leased[0]], now_ms=T0 + 2) == [True]
+        assert await rq.release([leased[0]], now_ms=T0 + 2) == [ReleaseStatus.RELEASED]
         assert await running_counter(rq, env) == 1
 
     async def test_counter_ttl_seconds_option(
@@ -527,16 +545,24 @@ class TestDriftSourcesDesignedOut:
         self, make_queue: MakeQueue, env: Environment
     ) -> None:
         """Drift 2: seeding Running from the CK index missed variants with nothing
-        queued. fairq seeds from ``B:ckbusy`` (every variant with runs in flight): with
-        the index empty and three variants running, both the reader and the next
-        counter operation see all of them."""
+        queued. fairq seeds Running from the environment's in-flight set (every slot
+        holder, whatever its variant still has queued): with the index empty and three
+        variants running, both the reader and the next counter operation see all of them.
+
+        Ported: ``B:ckbusy`` is gone; the same property is asserted on the truth it was
+        seeded from (the variant in-flight sets and ``V:inflight``), before and after."""
         rq = await make_queue()
         q = qkeys(rq, env)
+        e = rq.keys.env(env)
         for ck in ("a", "b", "c"):
             await enqueue_ck(rq, env, ck, 2)
         leased = await take_ck(rq, env, 6)
         assert await rq.client.exists(q.ck_index) == 0
-        assert {m.decode() for m in await rq.client.smembers(q.ck_busy)} == {"a", "b", "c"}
+        for ck in ("a", "b", "c"):
+            assert await rq.client.scard(q.variant_inflight(ck)) == 2
+        assert {state.s(m) for m in await rq.client.smembers(e.inflight)} == {
+            d.run_id for d in leased
+        }
         await rq.client.delete(q.ck_running_counter)
         assert (await rq.queue_stats(env, QUEUE)).running == 6  # reader re-seeds
         await rq.client.delete(q.ck_running_counter)
@@ -544,31 +570,65 @@ class TestDriftSourcesDesignedOut:
         assert await running_counter(rq, env) == 5
         assert await rq.ack(leased[1:], now_ms=T0 + 2) == [AckStatus.ACKED] * 5
         assert await running_counter(rq, env) == 0
-        assert await rq.client.exists(q.ck_busy) == 0
+        for ck in ("a", "b", "c"):
+            assert await rq.client.exists(q.variant_inflight(ck)) == 0
+        assert await rq.client.exists(e.inflight) == 0
 
     async def test_no_untracked_script_version_exists(self) -> None:
         """Drift 3 (mixed versions): the reference shipped tracked and untracked twins of
         its CK scripts, and old writers ran beside new ones during a deploy. fairq has
-        one script per operation and every variant membership change goes through
-        counters.lua: no other Lua file adds to or removes from a variant's keys, and
-        every script that can move runs includes the counters."""
-        assert not [n for n in SCRIPT_NAMES if "tracked" in n.lower()]
-        lua = resources.files("fairq").joinpath("lua")
-        writes = re.compile(
-            r"redis\.call\(\s*'(ZADD|ZREM|ZPOPMIN|ZREMRANGEBY\w+|SADD|SREM|SPOP|DEL|INCR\w*|DECR\w*|SET)'"
-            r"\s*,\s*(variant_\w+_key|qkey|B \.\. ':ck(queued|running|busy)')"
+        one script per operation (built once per order), and every variant membership
+        change moves the counters in the same helper.
+
+        Ported: the rewritten store changes variant keys in the helpers of runs.lua and
+        claim.lua, which record the counter delta right beside each change (counters.lua
+        applies them at the end of the script). So: no Lua function writes a variant's
+        queued set without ``ck_queued_add`` or its in-flight set without
+        ``ck_running_add``; no file but counters.lua names a counter key; and every
+        script build that can move runs includes the counters and flushes them."""
+        assert script_names()
+        assert not [n for n in script_names() if "tracked" in n.lower()]
+        lua = resources.files("fairq.store").joinpath("lua")
+        entries = [*lua.iterdir(), *lua.joinpath("include").iterdir()]
+        texts = {e.name: e.read_text() for e in entries if e.name.endswith(".lua")}
+        assert "counters.lua" in texts and "runs.lua" in texts and "claim.lua" in texts
+        write = re.compile(
+            r"(?:redis\.call|call_chunked)\(\s*'(ZADD|ZREM|ZPOPMIN|ZPOPMAX|ZREMRANGEBY\w+|"
+            r"ZUNIONSTORE|ZINTERSTORE|SADD|SREM|SPOP|SMOVE|DEL|UNLINK|RENAME\w*)'\s*,\s*"
+            r"(variant_key\([^)]*'(queued|inflight)'\)|qkey)"
         )
         offenders: list[str] = []
-        for entry in [*lua.iterdir(), *lua.joinpath("include").iterdir()]:
-            if entry.name.endswith(".lua") and entry.name != "counters.lua":
-                offenders += [
-                    f"{entry.name}: {m.group(0)}" for m in writes.finditer(entry.read_text())
-                ]
+        writers: set[str] = set()
+        for name, text in texts.items():
+            if name == "counters.lua":
+                continue
+            offenders += [
+                f"{name}: names {m.group(0)}"
+                for m in re.finditer(r"ck_(queued|running)_counter|'tenant_running'", text)
+            ]
+            # one chunk per Lua function (and the script body before the first one)
+            for chunk in re.split(r"\n(?=local function )", text):
+                head = re.match(r"local function (\w+)", chunk)
+                where = f"{name}:{head.group(1) if head else '<body>'}"
+                for m in write.finditer(chunk):
+                    writers.add(where)
+                    kind = "inflight" if m.group(3) == "inflight" else "queued"
+                    helper = "ck_running_add" if kind == "inflight" else "ck_queued_add"
+                    if helper + "(" not in chunk:
+                        offenders.append(f"{where}: {m.group(0)} without {helper}")
         assert offenders == []
-        for name in SCRIPT_NAMES:
-            source = expand(name)
-            if "place_queued(" in source or "free_slots(" in source or "claim(" in source:
-                assert "local function ck_queue_add" in source, name
+        # the check saw the writers it is about (a renamed helper cannot empty it)
+        assert {"runs.lua:place_queued", "runs.lua:unqueue", "runs.lua:free_slots"} <= writers
+        assert "claim.lua:claim" in writers
+        built = 0
+        for name in script_names():
+            for order in ("age", "fair") if uses_order(name) else (None,):
+                source = assemble(name, order).text
+                if re.search(r"\b(place_queued|unqueue|free_slots|claim)\(X", source):
+                    built += 1
+                    assert "local function counters_flush" in source, (name, order)
+                    assert re.search(r"^state_flush\(X\)", source, re.MULTILINE), (name, order)
+        assert built >= 10
 
     async def test_outside_drift_is_bounded_by_the_ttl(
         self, make_queue: MakeQueue, env: Environment

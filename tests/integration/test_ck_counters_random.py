@@ -8,12 +8,20 @@ heartbeat, TTL expiry on a logical clock, lease reclaim, redrive, counter deleti
 counter's TTL running out), and changes of the queue's concurrency and size limits.
 
 The ground truth is a Python model of every run's state, updated from what each call
-returns (deliveries, the expiry stream) and checked against it (the statuses the model
-predicts). After every step the raw counter keys (when present) and
+returns (deliveries, the runs' expiry outcomes) and checked against it (the statuses the
+model predicts). After every step the raw counter keys (when present) and
 ``queue_stats(breakdown=True)``, and after every fifth step the variant keys'
-ZCARD/SCARD, the CK index and the busy set, must equal the model: zero difference.
-The size limit is checked on the way: an enqueue is rejected exactly when the model's
-queued total is at the limit.
+ZCARD/SCARD, the CK index and the environment's in-flight set, must equal the model:
+zero difference. The size limit is checked on the way: an enqueue is rejected exactly
+when the model's queued total is at the limit.
+
+Ported to the rewritten store: the expiry stream is gone, so a run the model expects to
+have expired (queued, its TTL passed) is looked up with ``get_run``: its hash is gone and
+its outcome says ``expired`` (with its key), or it is still queued. ``B:ckbusy`` is gone
+by design: the keys check compares the environment's in-flight set (the running truth
+the counters are seeded from) with the model's slot holders instead. Heartbeat, release
+and a stale nack return the new enums (a stale nack of a run that no longer exists is
+``UNKNOWN``).
 """
 
 from __future__ import annotations
@@ -29,7 +37,16 @@ import pytest
 from fairq.config import RetryPolicy
 from fairq.errors import QueueSizeLimitExceededError
 from fairq.keys import Environment
-from fairq.models import AckStatus, Delivery, EnqueueRequest, EnqueueStatus, NackOutcome
+from fairq.models import (
+    AckStatus,
+    Delivery,
+    EnqueueRequest,
+    EnqueueStatus,
+    HeartbeatStatus,
+    NackOutcome,
+    ReleaseStatus,
+)
+from fairq.outcomes import RunStatus
 from fairq.store import RunQueue
 
 MakeQueue = Callable[..., Awaitable[RunQueue]]
@@ -90,7 +107,6 @@ class Driver:
         self.model = Model()
         self.now = 10_000_000
         self.serial = 0
-        self.expired_pos: dict[int, str] = {}
         self.q = rq.keys.queue(env, QUEUE)
         self.ops: dict[str, int] = {}
         #: Outcomes worth having seen at least once (asserted at the end).
@@ -152,17 +168,22 @@ class Driver:
         run.lease_deadline, run.ttl_deadline = self.now + LEASE_MS, 0
 
     async def _sync_expired(self) -> set[str]:
-        if not any(
-            r.state == "queued" and 0 < r.ttl_deadline <= self.now for r in self.model.runs.values()
-        ):
-            return set()  # nothing can have expired: spare the round trip
-        expired, self.expired_pos = await self.rq.read_expired(after=self.expired_pos, count=10_000)
+        """Drop the runs that expired (hash gone, outcome ``expired``) from the model."""
+        due = [
+            r
+            for r in self.model.runs.values()
+            if r.state == "queued" and 0 < r.ttl_deadline <= self.now
+        ]
         ids = set()
-        for e in expired:
-            run = self.model.runs.pop(e.run_id)
-            assert run.state == "queued" and 0 < run.ttl_deadline <= self.now, run
-            assert e.concurrency_key == run.ck
-            ids.add(e.run_id)
+        for run in due:  # only these can have expired: nothing else is looked up
+            info = await self.rq.get_run(self.env, run.run_id)
+            assert info is not None, run
+            if info.status is RunStatus.QUEUED:
+                continue  # due, but no script has met it yet
+            assert info.status is RunStatus.EXPIRED, (run, info)
+            assert info.concurrency_key == run.ck and info.queue == QUEUE, (run, info)
+            del self.model.runs[run.run_id]
+            ids.add(run.run_id)
             self.events["expired"] += 1
         return ids
 
@@ -211,7 +232,8 @@ class Driver:
     async def op_nack(self) -> None:
         if self.model.spent and self.rnd.random() < 0.1:
             d = self.rnd.choice(self.model.spent)
-            assert await self.rq.nack(d, now_ms=self.now) is NackOutcome.LEASE_LOST
+            stale = NackOutcome.LEASE_LOST if d.run_id in self.model.runs else NackOutcome.UNKNOWN
+            assert await self.rq.nack(d, now_ms=self.now) is stale
             return
         run = self._pick("running")
         if run is None:
@@ -237,7 +259,8 @@ class Driver:
         if run is None:
             return
         assert run.delivery is not None
-        assert await self.rq.release([run.delivery], now_ms=self.now) == [run.slot]
+        expected = ReleaseStatus.RELEASED if run.slot else ReleaseStatus.NOT_HELD
+        assert await self.rq.release([run.delivery], now_ms=self.now) == [expected]
         run.slot = False
 
     async def op_heartbeat(self) -> None:
@@ -245,7 +268,9 @@ class Driver:
         if run is None:
             return
         assert run.delivery is not None
-        assert await self.rq.heartbeat([run.delivery], lease_ms=LEASE_MS, now_ms=self.now) == [True]
+        assert await self.rq.heartbeat([run.delivery], lease_ms=LEASE_MS, now_ms=self.now) == [
+            HeartbeatStatus.EXTENDED
+        ]
         run.lease_deadline = self.now + LEASE_MS
 
     async def op_expire_ttl(self) -> None:
@@ -344,25 +369,28 @@ class Driver:
         }, where
 
     async def check_keys(self, step: int) -> None:
-        """The variant keys, CK index and busy set themselves (ZCARD / SCARD)."""
+        """The variant keys, CK index and the env's in-flight set themselves."""
         q = self.q
         truth = self.model.tally()
         pipe = self.rq.client.pipeline(transaction=False)
         pipe.zcard(q.queued)
         pipe.scard(q.inflight)
         pipe.zrange(q.ck_index, 0, -1)
-        pipe.smembers(q.ck_busy)
+        pipe.smembers(self.rq.keys.env(self.env).inflight)
         for ck in VARIANTS:
             pipe.zcard(q.variant_queued(ck))
             pipe.scard(q.variant_inflight(ck))
         raw = await pipe.execute()
-        base_q, base_r, index, busy = raw[:4]
+        base_q, base_r, index, inflight = raw[:4]
         where = f"step {step}"
         assert (base_q, base_r) == truth[None], where
         seen = [(raw[4 + 2 * i], raw[5 + 2 * i]) for i in range(len(VARIANTS))]
         assert seen == [truth[ck] for ck in VARIANTS], where
         assert {x.decode() for x in index} == {ck for ck in VARIANTS if truth[ck][0]}, where
-        assert {x.decode() for x in busy} == {ck for ck in VARIANTS if truth[ck][1]}, where
+        # the running truth: every slot holder (keyless and keyed) is in the env's set
+        assert {x.decode() for x in inflight} == {
+            r.run_id for r in self.model.runs.values() if r.slot
+        }, where
 
     async def check_states(self) -> None:
         """Every model run's state matches its message hash."""

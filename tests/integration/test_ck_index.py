@@ -1,11 +1,15 @@
-"""The CK index (age order): one master member per base queue kind, one index entry
-per non-empty variant scored by its head, rebalanced by every state change."""
+"""The CK index (age order): one queue-heads member per base queue kind, one index entry
+per non-empty variant scored by its head, rebalanced by every state change.
+
+Ported to the rewritten store: the shard's master queue is now the queue-heads index
+(``s.heads``, members ``q:E:Q`` / ``ck:E:Q``, built by ``keys.heads_member``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from tests import state
 
 from fairq import keys as K
 from fairq.keys import Environment
@@ -16,9 +20,8 @@ T0 = 1_700_000_000_000
 
 
 async def master(rq: RunQueue, env: Environment) -> dict[str, int]:
-    shard = rq.keys.shard(rq.keys.shard_of(env))
-    raw = await rq.client.zrange(shard.master, 0, -1, withscores=True)
-    return {m.decode(): int(s) for m, s in raw}
+    """The env's members of its shard's queue-heads index -> head score."""
+    return {m: int(score) for m, score in (await state.heads(rq, env)).items()}
 
 
 async def index(rq: RunQueue, env: Environment, queue: str = "q") -> dict[str, int]:
@@ -28,11 +31,11 @@ async def index(rq: RunQueue, env: Environment, queue: str = "q") -> dict[str, i
 
 
 def ck_member(env: Environment, queue: str = "q") -> str:
-    return K.master_member(K.KIND_CK, env, queue)
+    return K.heads_member(K.KIND_CK, env, queue)
 
 
 def q_member(env: Environment, queue: str = "q") -> str:
-    return K.master_member(K.KIND_QUEUE, env, queue)
+    return K.heads_member(K.KIND_QUEUE, env, queue)
 
 
 async def test_keyed_enqueue_adds_an_index_entry_and_one_master_member(
@@ -156,7 +159,8 @@ async def test_future_heads_keep_the_master_member_at_their_time(
 ) -> None:
     rq: RunQueue = await make_queue()
     await rq.enqueue(env, "q", "a1", concurrency_key="a", delay_ms=1_000, now_ms=T0)
-    assert await rq.dequeue(10, now_ms=T0) == []
+    batch = await rq.dequeue_batch(10, now_ms=T0)
+    assert (batch.deliveries, batch.wait_ms) == ([], 1_000)  # held back until its head
     assert await master(rq, env) == {ck_member(env): T0 + 1_000}
     assert await index(rq, env) == {"a": T0 + 1_000}
     assert len(await rq.dequeue(10, now_ms=T0 + 1_000)) == 1

@@ -5,6 +5,15 @@ The CROSSSLOT check runs on whatever server the session uses (it is a client-sid
 assertion over the KEYS every store method passes, plus a keyspace check that every key a
 script wrote carries a shard's hash tag). The other tests need a cluster: they use the
 session's cluster under ``FAIRQ_TEST_CLUSTER=N``, else start a 3-master one for this module.
+
+Ported to the rewritten store: scripts live in ``fairq.store.scripts`` (one build per
+order for the order-dependent ones, named ``op[age]`` / ``op[fair]``); the expiry stream
+is gone (an expired run's outcome says ``expired``); ``next_due_ms`` is gone (nothing is
+due when a dequeue brings nothing and knows of nothing held back: ``wait_ms is None``).
+The exercise now also sets a limit (``configure``) and leases one flow directly
+(``dequeue_variant``), so that every script is still called. Only the two documented
+global keys (``<prefix>:meta``, ``<prefix>:maintenance-lock``, never touched by a
+script) may lack a shard's hash tag.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import random
 import re
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -25,10 +35,17 @@ from fairq.cluster import EmbeddedCluster, shard_nodes
 from fairq.config import RunQueueConfig
 from fairq.consumer import Consumer
 from fairq.keys import Environment
-from fairq.models import AckStatus, EnqueueRequest, NackOutcome
-from fairq.scripts import SCRIPT_NAMES, Script, registry
+from fairq.models import (
+    AckStatus,
+    EnqueueRequest,
+    HeartbeatStatus,
+    NackOutcome,
+    ReleaseStatus,
+)
+from fairq.outcomes import RunStatus
 from fairq.server import connect, is_cluster_url
 from fairq.store import RunQueue
+from fairq.store.scripts import Script, registry, script_names, uses_order
 
 #: Masters of the cluster these tests start when the session is not already a cluster.
 MASTERS = 3
@@ -88,6 +105,13 @@ def recorded_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]
     return calls
 
 
+async def nothing_due(rq: RunQueue, *, now_ms: int | None = None) -> bool:
+    """Nothing queued anywhere: a dequeue over every shard brings nothing and knows of
+    nothing held back (the old ``next_due_ms() is None``). Leases what it finds."""
+    batch = await rq.dequeue_batch(50, now_ms=now_ms)
+    return batch.deliveries == [] and batch.wait_ms is None
+
+
 # --------------------------------------------------------------------------- workload
 
 
@@ -128,6 +152,9 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
         )
         requests.append(EnqueueRequest(env, "short", f"ttl-{i}", None, ttl_ms=10))
         requests.append(EnqueueRequest(env, "keyed", f"cancel-{i}", None, concurrency_key="c"))
+    # configure: a limit on every environment's keyed queue (no enqueue here reaches it)
+    for env in envs:
+        await rq.set_queue_size_limit(env, "keyed", 100)
     results = await rq.enqueue_many(requests, now_ms=NOW)
     assert {r.status.name for r in results} == {"ENQUEUED"}
     for i, env in enumerate(envs):
@@ -136,8 +163,9 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
     assert duplicate.name == "DUPLICATE"
 
     assert await rq.expire_ttl(now_ms=NOW + 100) == len(envs)
-    expired, _ = await rq.read_expired()
-    assert len(expired) == len(envs)
+    for i, env in enumerate(envs):
+        info = await rq.get_run(env, f"ttl-{i}")
+        assert info is not None and info.status is RunStatus.EXPIRED, (env, info)
 
     # seed_counters: a reader rebuilds the lazy CK counters when they are missing.
     q = rq.keys.queue(envs[0], "keyed")
@@ -145,12 +173,19 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
     stats = await rq.queue_stats(envs[0], "keyed", breakdown=True)
     assert stats.queued == 1
 
-    delivered = []
+    # dequeue_variant: one flow of one queue, leased directly (the awkward key of env 0)
+    (direct,) = await rq.dequeue_variant(
+        envs[0], "keyed", AWKWARD_KEYS[0], lease_ms=60_000, now_ms=NOW + 200
+    )
+    assert (direct.run_id, direct.concurrency_key) == ("ck-0", AWKWARD_KEYS[0])
+    delivered = [direct]
     while batch := await rq.dequeue(50, lease_ms=60_000, now_ms=NOW + 200):
         delivered.extend(batch)
     assert len(delivered) == 4 * len(envs)
-    assert all(await rq.heartbeat(delivered, lease_ms=60_000, now_ms=NOW + 300))
-    assert all(await rq.release(delivered[:5], now_ms=NOW + 300))
+    assert set(await rq.heartbeat(delivered, lease_ms=60_000, now_ms=NOW + 300)) == {
+        HeartbeatStatus.EXTENDED
+    }
+    assert await rq.release(delivered[:5], now_ms=NOW + 300) == [ReleaseStatus.RELEASED] * 5
 
     failing = delivered[0]
     assert await rq.nack(failing, max_attempts=1, now_ms=NOW + 400) is NackOutcome.DEAD_LETTERED
@@ -168,7 +203,7 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
     again = await rq.dequeue(50, now_ms=NOW + 120_000)
     assert sorted(d.run_id for d in again) == sorted(r.run_id for r in (failing, retried, lost))
     assert set(await rq.ack(again, now_ms=NOW + 120_001)) == {AckStatus.ACKED}
-    assert await rq.next_due_ms() is None
+    assert await nothing_due(rq, now_ms=NOW + 120_001)
     return {str(rq.keys.shard_of(e)) for e in envs}
 
 
@@ -194,7 +229,8 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(
             slots = {key_slot(k.encode()) for k in keys}
             assert len(slots) == 1, f"{name} would fail with CROSSSLOT: {keys}"
         # and every script (of this order) was exercised
-        expected = {rq.script_name(op) for op in SCRIPT_NAMES if not op.endswith("_vtime")}
+        order = "fair" if fair else "age"
+        expected = {s.name for s in registry().all() if s.order in (None, order)}
         assert {name for name, _ in recorded_calls} == expected
         # and every key left in the keyspace carries a shard's hash tag (so keys a script
         # derived from KEYS or from a message hash share the slot of the KEYS it got)
@@ -202,15 +238,35 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(
         ours = re.compile(r"(?<![\w.-])" + re.escape(prefix) + r"(?![\w-])")
         keys = [k.decode() async for k in rq.client.scan_iter(match=f"*{prefix}*", count=1000)]
         assert keys
+        # the documented global keys: no script touches them
+        global_keys = {rq.keys.meta, rq.keys.maintenance_lock}
+        assert rq.keys.meta in keys
         for key in keys:
-            if ours.search(key):
+            if ours.search(key) and key not in global_keys:
                 assert tag.match(key), f"key outside every shard's hash tag: {key}"
     finally:
         await rq.close()
 
 
 def test_the_registry_holds_every_script_the_store_may_call() -> None:
-    assert sorted(s.name for s in registry().all()) == sorted(SCRIPT_NAMES)
+    """Every operation the store's code calls by name has a script (in both orders when
+    it has an order), and the registry holds exactly the lua files' builds."""
+    store = resources.files("fairq.store")
+    called: set[str] = set()
+    for entry in store.iterdir():
+        if entry.name.endswith(".py"):
+            called |= set(
+                re.findall(r"(?:\.call|call_for_env|_per_shard)\(\s*\"(\w+)\"", entry.read_text())
+            )
+    assert {"enqueue", "dequeue", "ack", "seed_counters", "configure"} <= called
+    names = script_names()
+    assert called <= set(names)
+    for op in called:
+        assert registry().get(op, "age").operation == op
+        assert registry().get(op, "fair").operation == op
+    expected = [f"{n}[{o}]" for n in names if uses_order(n) for o in ("age", "fair")]
+    expected += [n for n in names if not uses_order(n)]
+    assert sorted(s.name for s in registry().all()) == sorted(expected)
 
 
 # --------------------------------------------------------------------------- on a cluster
@@ -235,22 +291,26 @@ async def test_every_operation_runs_on_a_three_master_cluster(
 async def test_scripts_are_loaded_on_the_node_that_owns_the_slot(
     cluster_client: RedisCluster, cluster_url: str, prefix: str
 ) -> None:
-    # Given every node's script cache is empty
+    """Ported: scripts are function libraries now (FCALL; a missing library is loaded,
+    then the call repeated), so the caches emptied and inspected are the nodes' function
+    libraries (FUNCTION FLUSH / FUNCTION LIST) instead of their script caches."""
+    # Given every node's function libraries are gone
     rq = await cluster_queue(cluster_url, prefix)
     try:
-        await cluster_client.execute_command("SCRIPT FLUSH", target_nodes=RedisCluster.PRIMARIES)
+        primaries = cluster_client.get_primaries()
+        await cluster_client.execute_command("FUNCTION", "FLUSH", target_nodes=primaries)
         envs = covering_environments(rq, per_shard=1)
-        # When runs are enqueued and dequeued on every shard (EVALSHA -> NOSCRIPT -> load)
+        # When runs are enqueued and dequeued on every shard (FCALL -> not found -> load)
         await rq.enqueue_many([EnqueueRequest(e, "q", "r1", 1) for e in envs], now_ms=NOW)
         delivered = await rq.dequeue(1000, now_ms=NOW)
-        # Then each call loaded its script on its key's node and succeeded
+        # Then each call loaded its library on its key's node and succeeded
         assert len(delivered) == len(envs)
-        enqueue_sha = registry()["enqueue"].sha
-        for node in cluster_client.get_primaries():
+        enqueue = registry().get("enqueue", "age").function
+        for node in primaries:
             loaded = await cluster_client.execute_command(
-                "SCRIPT EXISTS", enqueue_sha, target_nodes=node
+                "FUNCTION", "LIST", "LIBRARYNAME", enqueue, target_nodes=node
             )
-            assert [bool(x) for x in loaded] == [True], f"enqueue not loaded on {node.name}"
+            assert len(loaded) == 1, f"enqueue not loaded on {node.name}"
     finally:
         await rq.close()
 
@@ -324,7 +384,7 @@ async def test_consumers_cover_every_shard_exactly_once(cluster_url: str, prefix
         assert set(seen) == runs
         assert max(seen.values()) == 1
         assert set().union(*shards_by_consumer.values()) == set(range(seed.keys.shard_count))
-        assert await seed.next_due_ms() is None
+        assert await nothing_due(seed)
     finally:
         for c in consumers:
             await c.close()
