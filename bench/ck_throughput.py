@@ -4,7 +4,8 @@ fair order, with 1 and 10 busy concurrency keys, at max_per_key_per_call 1 and 1
     python bench/ck_throughput.py [--runs 3000] [--max-count 10] [--url redis://...]
 
 Prints one JSON document: a row per (busy keys, max_per_key_per_call, order). Commands
-per run come from INFO commandstats (Lua's redis.call included, INFO/CONFIG excluded).
+per run come from INFO commandstats through ``RunQueue.command_stats`` (Lua's
+redis.call included, INFO/CONFIG excluded).
 Without --url an embedded Valkey is started.
 """
 
@@ -26,11 +27,10 @@ QUEUE = "bench"
 T0 = 1_000_000
 
 
-async def _commands(client: Any) -> int:
-    stats = await client.info("commandstats")
-    return sum(
-        int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config")
-    )
+async def _commands(rq: RunQueue) -> int:
+    """Server commands so far (the store's INFO commandstats), bookkeeping excluded."""
+    stats = await rq.command_stats()
+    return sum(n for k, n in stats.items() if k.split("|", 1)[0] not in ("info", "config"))
 
 
 async def measure(
@@ -43,7 +43,7 @@ async def measure(
     for i in range(runs):
         await rq.enqueue(env, QUEUE, f"r{i}", {"i": i}, concurrency_key=f"k{i % keys}",
                          available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
-    await rq.client.config_resetstat()
+    before = await _commands(rq)
     done = calls = 0
     started = time.perf_counter()
     while done < runs:
@@ -55,7 +55,7 @@ async def measure(
         await rq.ack(batch, now_ms=T0 + runs)
         done += len(batch)
     elapsed = time.perf_counter() - started
-    commands = await _commands(rq.client)
+    commands = await _commands(rq) - before
     await rq.close()
     return {
         "busy_keys": keys,

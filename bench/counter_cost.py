@@ -6,8 +6,9 @@ work, N runs each:
 
 * ``keyless``: runs without a concurrency key (never touch a counter);
 * ``ck``: runs spread over V concurrency-key variants, with fairq's scripts;
-* ``ck_without_counters``: the same, with ``lua/include/counters.lua`` swapped for a
-  stub that does the bare ZADD/ZREM/SADD/SREM (no counters, no ``B:ckbusy``).
+* ``ck_without_counters``: the same, with ``store/lua/include/counters.lua`` swapped for
+  a stub that keeps no counters (its readers count the truth each time: the variants'
+  queued sets, the environment's in-flight set).
 
 ``ck - ck_without_counters`` is what the counters add; ``ck - keyless`` is what keyed
 runs cost in all (the CK index upkeep included). Also reported: one enqueue that finds
@@ -20,46 +21,59 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from importlib import resources
 from typing import Any
 
 from fairq.config import RunQueueConfig
 from fairq.keys import Environment
-from fairq.scripts import Script, ScriptRegistry
 from fairq.server import EmbeddedServer, connect
 from fairq.store import RunQueue
+from fairq.store.scripts import ScriptRegistry, _package_reader
 
 #: Commands the client itself sends (not work done for a run): left out of the figures.
 CLIENT_COMMANDS = frozenset(
-    {"config|resetstat", "info", "ping", "hello", "client|setinfo", "select", "script|load"}
+    {"config|resetstat", "info", "ping", "hello", "client|setinfo", "select", "function|load"}
 )
+#: The one command per operation that runs its script.
+SCRIPT_CALL = "fcall"
 
-#: counters.lua with the counting taken out: what the scripts would do without counters.
+#: counters.lua with the counting taken out: no counter keys; a script that needs a count
+#: reads the truth (what the scripts would have to do without the counters).
 NO_COUNTERS_LUA = """\
-local function ck_queued_value(B)
+--@require state
+local function queued_truth(B)
   local total = 0
-  for _, ck in ipairs(redis.call('ZRANGE', B .. ':ckindex', 0, -1)) do
-    total = total + redis.call('ZCARD', variant_queued_key(B, ck))
+  for _, ck in ipairs(redis.call('ZRANGE', queue_key(B, 'ck_index'), 0, -1)) do
+    total = total + redis.call('ZCARD', variant_key(B, ck, 'queued'))
   end
   return total
 end
-local function ck_running_seed(B) return 0 end
-local function ck_queue_add(B, ck, score, run)
-  return redis.call('ZADD', variant_queued_key(B, ck), score, run)
+local function running_truth(tag, V, env_id, queue)
+  local keyed, tenants = 0, {}
+  for _, run in ipairs(redis.call('SMEMBERS', env_key(V, 'inflight'))) do
+    local f = redis.call('HMGET', run_key(tag, env_id .. ':' .. run), 'q', 'k', 'ta')
+    if f[1] == queue then
+      if f[2] and f[2] ~= '' then keyed = keyed + 1 end
+      if f[3] and f[3] ~= '' then tenants[f[3]] = (tenants[f[3]] or 0) + 1 end
+    end
+  end
+  return keyed, tenants
 end
-local function ck_queue_remove(B, ck, run)
-  return redis.call('ZREM', variant_queued_key(B, ck), run)
+local function ck_queued(X, B, V, env_id, queue) return queued_truth(B) end
+local function ck_running(X, B, V, env_id, queue)
+  local keyed = running_truth(X.tag, V, env_id, queue)
+  return keyed
 end
-local function ck_slot_take(B, ck, run)
-  return redis.call('SADD', variant_inflight_key(B, ck), run)
+local function ck_queued_add(X, B, V, env_id, queue, delta) end
+local function ck_running_add(X, B, V, env_id, queue, delta) end
+local function tenant_running(X, B, V, env_id, queue, tenant)
+  local _, tenants = running_truth(X.tag, V, env_id, queue)
+  return tenants[tenant] or 0
 end
-local function ck_slot_free(B, ck, run)
-  return redis.call('SREM', variant_inflight_key(B, ck), run)
-end
+local function tenant_running_add(X, B, V, env_id, queue, tenant, delta) end
+local function counters_flush(X) end
 """
 
 ENV = Environment("bench", "counters", "prod")
@@ -68,21 +82,21 @@ NOW = 1_000_000
 
 
 def without_counters() -> ScriptRegistry:
-    """A registry whose scripts include the no-counter stub instead of counters.lua."""
-    counters = resources.files("fairq").joinpath("lua", "include", "counters.lua").read_text()
-    registry = ScriptRegistry()
-    for script in registry.all():
-        if counters in script.source:
-            source = script.source.replace(counters, NO_COUNTERS_LUA)
-            sha = hashlib.sha1(source.encode()).hexdigest()
-            registry._scripts[script.name] = Script(script.name, source, sha)
-    return registry
+    """A registry whose scripts include the no-counter stub instead of counters.lua (its
+    libraries get other names, so both builds live on one server)."""
+
+    def read(relative: str) -> str | None:
+        if relative == "include/counters.lua":
+            return NO_COUNTERS_LUA
+        return _package_reader(relative)
+
+    return ScriptRegistry(read)
 
 
 async def preload(rq: RunQueue) -> None:
-    """Load every script first, so no NOSCRIPT retry lands in a measurement."""
+    """Load every script's library first, so no load lands in a measurement."""
     for script in rq._scripts.all():
-        await rq.client.script_load(script.source)
+        await rq.client.execute_command("FUNCTION", "LOAD", "REPLACE", script.source)
 
 
 async def measure(rq: RunQueue, work: Callable[[], Awaitable[None]]) -> dict[str, int]:
@@ -140,8 +154,8 @@ async def run_setup(
     out: dict[str, dict[str, Any]] = {}
     for phase, work in (("enqueue", enqueue), ("dequeue", dequeue), ("ack", ack)):
         calls = await measure(rq, work)
-        evalsha = calls.pop("evalsha", 0)
-        assert evalsha == runs, (phase, evalsha)
+        fcalls = calls.pop(SCRIPT_CALL, 0)
+        assert fcalls == runs, (phase, fcalls)
         out[phase] = per_op(calls, runs)
     await rq.close()
     return out
@@ -158,7 +172,7 @@ async def reseed_cost(url: str, prefix: str, variants: int) -> dict[str, Any]:
     cold = await measure(rq, lambda: _one(rq, "cold", "t-0"))
     await rq.close()
     for calls in (steady, cold):
-        calls.pop("evalsha", None)
+        calls.pop(SCRIPT_CALL, None)
     return {
         "variants": variants,
         "enqueue_counter_present": sum(steady.values()),
@@ -192,7 +206,7 @@ async def main(runs: int, variants: int) -> dict[str, Any]:
         "runs": runs,
         "variants": variants,
         "note": "server commands per operation, script-internal commands included, the "
-        "one EVALSHA per operation excluded",
+        "one FCALL per operation excluded",
     }
     for phase in ("enqueue", "dequeue", "ack"):
         report[f"per_{phase}"] = {

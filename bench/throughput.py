@@ -120,7 +120,8 @@ async def server_cpu_s(client: AnyRedis) -> float:
 def summarise_commands(stats: dict[str, int], messages: int) -> dict[str, Any]:
     fairq = {k: v for k, v in stats.items() if k not in BOOKKEEPING}
     total = sum(fairq.values())
-    scripts = fairq.get("evalsha", 0) + fairq.get("eval", 0)
+    # the scripts run as function libraries (FCALL); EVALSHA / EVAL kept for older builds
+    scripts = sum(fairq.get(name, 0) for name in ("fcall", "fcall_ro", "evalsha", "eval"))
     top = sorted(fairq.items(), key=lambda kv: -kv[1])[:8]
     return {
         "server_commands_per_message": round(total / messages, 3),
@@ -153,6 +154,15 @@ async def enqueue_all(rq: RunQueue, args: argparse.Namespace, count: int) -> Non
             batch = []
     if batch:
         await rq.enqueue_many(batch)
+
+
+async def queued_left(rq: RunQueue) -> int:
+    """Runs still queued over every environment and queue of the prefix."""
+    left = 0
+    for env in await rq.environments():
+        names = await rq.queues(env)
+        left += sum(s.queued for s in await rq.queues_stats(env, names)) if names else 0
+    return left
 
 
 async def measure_enqueue(url: str, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
@@ -268,7 +278,7 @@ async def measure_consume(
         delivered = sum(r["count"] for r in results)
         elapsed = max(r["last"] for r in results) - min(r["first"] for r in results)
         trips = sum(r["round_trips"] for r in results)
-        remaining = await rq.next_due_ms()
+        remaining = await queued_left(rq)
         return {
             "processes": processes,
             "delivered": delivered,
@@ -281,7 +291,7 @@ async def measure_consume(
                 sum(r["cpu_s"] for r in results) * 1e6 / max(1, delivered), 1
             ),
             "server_cpu_us_per_message": round(server_cpu * 1e6 / max(1, delivered), 1),
-            "left_undelivered": remaining is not None,
+            "left_undelivered": remaining,
             **summarise_commands(stats, max(1, delivered)),
         }
     finally:
