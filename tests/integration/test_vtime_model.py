@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from tests.sfq_model import KEYLESS, SfqModel
+from tests.sfq_model import CAP_RECHECK_MS, KEYLESS, SfqModel
 from tests.state import delete_tenant_floor, s
 
 from fairq import keys as K
@@ -197,6 +197,9 @@ async def run_workload(
             kind = "floor"
             await delete_tenant_floor(rq, env)
             model.delete_floor()
+        elif op < 0.99:
+            kind = "jump"  # past the re-check of cap-parked members
+            now += CAP_RECHECK_MS + rng.randint(0, 1000)
         else:
             kind = "idle"
         counts[kind] = counts.get(kind, 0) + 1
@@ -228,7 +231,8 @@ async def test_lua_fair_order_matches_reference_model(
 ) -> None:
     """Given 1500 random operations (enqueues on random keys / tenants / queues with past
     and future scores, dequeues over all or some queues with random max_count, acks,
-    nacks with retry times, cap, weight and tenant changes, loss of the floor key), the
+    nacks with retry times, cap, weight and tenant changes, loss of the floor key, clock
+    jumps past the cap parks' re-check), the
     Lua serves exactly the model's (run, queue, key, tenant) sequence and leaves exactly
     the model's stored state after every operation. 8 seeds: 12,000 operations."""
     started = time.monotonic()
