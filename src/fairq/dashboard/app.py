@@ -40,7 +40,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import jinja2
 import uvicorn
-from redis import exceptions as redis_errors
+from redis.exceptions import ClusterDownError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -79,9 +81,9 @@ T = TypeVar("T")
 #: Errors that mean "the server is not reachable right now" (503, not 500).
 UNAVAILABLE_ERRORS: Final[tuple[type[Exception], ...]] = (
     ServerUnavailableError,
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.ClusterDownError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
     ConnectionError,
     TimeoutError,
 )
