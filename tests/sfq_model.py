@@ -2,7 +2,16 @@
 
 Written from notes/fair_spec.md (the fair order's semantics as specified), not by
 transliterating the Lua, so tests/integration/test_vtime_model.py can run random
-workloads through the model and the real scripts and compare them serve by serve.
+workloads through the model and the real scripts and compare them serve by serve;
+then brought in line with the design changes notes/migration.md records after it (the
+floors as ``~floor`` members, pruning on ticks, cap parks only for a flow holding a
+slot plus a re-check, key sets loaded at least :data:`KEYS_LOADED` wide and a tenant
+leaving its queue's candidates only by what the call knows about its key set).
+
+Ambiguities of the spec the workloads avoid: a key serving as its own tenant in
+several queues takes the first weight found (so the tests give a key the same weight
+in every queue), and the order in which several unregistered keys of one tenant are
+registered by one call (the tests do not enqueue through the age order there).
 
 Scope (fair order): several queues of one environment served by one dequeue call;
 keyed flows and keyless flows (``*``); default tenants (a key is its own tenant,
