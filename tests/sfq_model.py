@@ -8,10 +8,9 @@ floors as ``~floor`` members, pruning on ticks, cap parks only for a flow holdin
 slot plus a re-check, key sets loaded at least :data:`KEYS_LOADED` wide and a tenant
 leaving its queue's candidates only by what the call knows about its key set).
 
-Ambiguities of the spec the workloads avoid: a key serving as its own tenant in
-several queues takes the first weight found (so the tests give a key the same weight
-in every queue), and the order in which several unregistered keys of one tenant are
-registered by one call (the tests do not enqueue through the age order there).
+An ambiguity of the spec the workloads avoid: a key serving as its own tenant in
+several queues takes the first weight found among them (so the tests give a key the
+same weight in every queue).
 
 Scope (fair order): several queues of one environment served by one dequeue call;
 keyed flows and keyless flows (``*``); default tenants (a key is its own tenant,
