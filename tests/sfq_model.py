@@ -151,6 +151,14 @@ class _Floor:
     stored: bool
 
 
+@dataclass
+class _AgeCand:
+    flow: str
+    head: int
+    served: int = 0
+    active: bool = True
+
+
 class _Call:
     """Per-script caches of the scripts (the floors are read once per script)."""
 
@@ -746,19 +754,19 @@ class SfqModel:
         n = min(max_count, self.env_limit - self.env_busy())
         if n <= 0:
             return []
-        cands = [[f, h, 0, True] for f, h in index if h <= now][: n * self.window]
+        cands = [_AgeCand(f, h) for f, h in index if h <= now][: n * self.window]
         out: list[tuple[str, str, str]] = []
         served = 0
         while served < n:
-            active = sorted((c for c in cands if c[3]), key=lambda c: (c[1], c[0]))
+            active = sorted((c for c in cands if c.active), key=lambda c: (c.head, c.flow))
             if not active:
                 break
             c, second = active[0], (active[1] if len(active) > 1 else None)
-            flow = str(c[0])
+            flow = c.flow
             room, _ = self._room(q, flow, flow, False)
-            take = int(min(n - served, per_key - int(c[2]), room))
+            take = int(min(n - served, per_key - c.served, room))
             if take <= 0:
-                c[3] = False
+                c.active = False
                 continue
             runs = q.queued[flow]
             ready = sorted((s, r) for r, s in runs.items() if s <= now)
@@ -767,18 +775,18 @@ class SfqModel:
                 if got >= take:
                     break
                 if second is not None and (
-                    s > second[1] or (s == second[1] and not flow < second[0])
+                    s > second.head or (s == second.head and not flow < second.flow)
                 ):
                     break
                 del runs[r]
                 q.inflight.setdefault(flow, set()).add(r)
                 out.append((r, queue, flow))
                 got += 1
-            c[2] = int(c[2]) + got
+            c.served += got
             served += got
             head = min(runs.values()) if runs else None
-            if got == 0 or head is None or head > now or c[2] >= per_key:
-                c[3] = False
+            if got == 0 or head is None or head > now or c.served >= per_key:
+                c.active = False
             else:
-                c[1] = head
+                c.head = head
         return out

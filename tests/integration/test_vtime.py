@@ -25,6 +25,7 @@ from tests.state import (
     key_floor,
     parked,
     ready_tenants,
+    s,
     tenant_floor,
     tenant_keys,
     tenant_tags,
@@ -437,7 +438,7 @@ async def test_cold_start_registers_every_variant_in_the_first_call(
         if call == 0:
             assert registered == set(keys[:30])
         if call == 1:
-            indexed = {m.decode() for m in await on.client.zrange(q.ck_index, 0, -1)}
+            indexed = {s(m) for m in await on.client.zrange(q.ck_index, 0, -1)}
             assert indexed <= registered
         await on.ack(batch, now_ms=NOW)
     assert len(first_served) == 40 and max(first_served.values()) <= 3
@@ -572,9 +573,9 @@ async def test_weight_none_resets_to_one(make_queue: Any, env: Environment) -> N
     rq = await fair_queue(make_queue)
     q = rq.keys.queue(env, QUEUE)
     await rq.set_concurrency_key_weight(env, QUEUE, "k", 3)
-    assert await rq.client.hget(q.key_weights, "k") == b"3.0"  # type: ignore[misc]
+    assert await rq.client.hget(q.key_weights, "k") == b"3.0"
     await rq.set_concurrency_key_weight(env, QUEUE, "k", None)
-    assert await rq.client.hget(q.key_weights, "k") is None  # type: ignore[misc]
+    assert await rq.client.hget(q.key_weights, "k") is None
 
 
 # ---------------------------------------------------------------- serves per key per call

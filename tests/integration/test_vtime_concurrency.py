@@ -100,10 +100,11 @@ async def test_two_consumer_processes_one_base_queue_no_corruption(
             raw = await rq.client.zscore(e.tenant_tags, K.FLOOR_MEMBER)
             if raw is not None:
                 floors.append(float(raw))
-            for member, score in await rq.client.zrange(e.tenant_tags, 0, -1, withscores=True):
+            entries: Any = await rq.client.zrange(e.tenant_tags, 0, -1, withscores=True)
+            for member, score in entries:
                 ck = _s(member)
-                assert score >= last_tag.get(ck, float("-inf")), f"tag of {ck} rewound"
-                last_tag[ck] = score
+                assert float(score) >= last_tag.get(ck, float("-inf")), f"tag of {ck} rewound"
+                last_tag[ck] = float(score)
             await asyncio.sleep(0.002)
         results = [await f for f in futures]
     served = results[0] + results[1]
