@@ -52,6 +52,15 @@ LIGHT_GROUP = {
     "ckStalledNewcomer": "newcomer",
     "ckLateLight": "light",
     "ckFreshKeyFlood": "steady",
+    "tenantManyKeys": "narrow",
+    "tenantKeyFlood": "newcomer",
+    "tenantQueues": "single",
+    "tenantTenThousandKeys": "light",
+    "tenantWeighted": "highEarly",
+    "capHiddenKeys": "zquick",
+    "borrowLoneKey": "lone",
+    "chargeLongShort": "short",
+    "rateLimited": "free",
 }
 
 # The seed's published figures (findings reports; logical ms, 3 seeds, max_count 1).
