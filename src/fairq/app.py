@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 from fairq.config import RetryPolicy, RunQueueConfig
-from fairq.errors import ConfigurationError
+from fairq.errors import ConfigurationError, short
 from fairq.keys import Environment
 from fairq.models import CancelOutcome
 from fairq.outcomes import RunInfo
@@ -114,22 +114,23 @@ class Fairq:
     ) -> None:
         self.env = env if isinstance(env, Environment) else Environment.parse(env)
         if url is not None and not isinstance(url, str):
-            raise ConfigurationError(f"url must be a string, got {url!r}")
+            raise ConfigurationError(f"url must be a string, got {short(url)}")
         self.url = url
         config = config or RunQueueConfig.from_env()
         if not isinstance(config, RunQueueConfig):
             raise ConfigurationError("config must be a RunQueueConfig")
         if fair is not None:
             if not isinstance(fair, bool):
-                raise ConfigurationError(f"fair must be True, False or None, got {fair!r}")
+                raise ConfigurationError(f"fair must be True, False or None, got {short(fair)}")
             config = config.with_vtime(enabled=fair)
         if (
             isinstance(result_ttl_seconds, bool)
             or not isinstance(result_ttl_seconds, int)
             or not 1 <= result_ttl_seconds <= 365 * 86_400
         ):
+            got = short(result_ttl_seconds)
             raise ConfigurationError(
-                f"result_ttl_seconds must be an integer in 1..31536000, got {result_ttl_seconds!r}"
+                f"result_ttl_seconds must be an integer in 1..31536000, got {got}"
             )
         self.config = replace(config, outcome_ttl_seconds=result_ttl_seconds)
         self.fair = fair

@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
+from fairq import keys as K
 from fairq import metrics
-from fairq.errors import ConnectionLostError
+from fairq.errors import ConfigurationError, ConnectionLostError, InvalidNameError, short
 from fairq.keys import Environment
 from fairq.models import Delivery
 from fairq.store import RunQueue
@@ -67,9 +69,30 @@ class Consumer:
         on_cancel: Callable[[str], None] | None = None,
         on_connection_lost: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        if not isinstance(rq, RunQueue):
+            raise ConfigurationError(f"a Consumer needs a RunQueue, got {short(rq)}")
+        if env is not None and not isinstance(env, Environment):
+            raise ConfigurationError(f"env must be an Environment or None, got {short(env)}")
+        for name, value in (("idle_timeout", idle_timeout),
+                            ("maintenance_interval", maintenance_interval)):  # fmt: skip
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or not 0 < value <= 86_400
+            ):
+                raise ConfigurationError(
+                    f"{name} must be a number of seconds in (0, 86400], got {short(value)}"
+                )
+        names = None if queues is None else list(queues)
+        try:
+            for q in names or []:
+                K.validate_name("queue", q, allow_slash=True)
+        except InvalidNameError as exc:
+            raise ConfigurationError(str(exc)) from None
         self.rq = rq
         self.env = env
-        self.queues = list(queues) if queues is not None else None
+        self.queues = names
         self.idle_timeout = idle_timeout
         self.maintenance_interval = maintenance_interval
         self.on_cancel = on_cancel

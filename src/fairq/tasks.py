@@ -20,9 +20,11 @@ from fairq import keys as K
 from fairq.config import RetryPolicy
 from fairq.errors import (
     ConfigurationError,
+    InvalidLimitError,
     PayloadError,
     QueueSizeLimitExceededError,
     RunFailedError,
+    short,
 )
 from fairq.models import CancelOutcome, EnqueueRequest, EnqueueStatus
 from fairq.outcomes import RunInfo, RunStatus
@@ -55,17 +57,22 @@ def to_ms(name: str, value: Duration | None) -> int | None:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float
+            raise ConfigurationError(
+                f"{name} must be a number of seconds in 0..10 years, got {short(value)}"
+            ) from None
     else:
         raise ConfigurationError(
-            f"{name} must be a number of seconds or a timedelta, got {value!r}"
+            f"{name} must be a number of seconds or a timedelta, got {short(value)}"
         )
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
-        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {short(value)}")
     if seconds < 0:
-        raise ConfigurationError(f"{name} must not be negative, got {value!r}")
+        raise ConfigurationError(f"{name} must not be negative, got {short(value)}")
     if seconds > 10 * 365 * 86_400:
-        raise ConfigurationError(f"{name} must be at most 10 years, got {value!r}")
+        raise ConfigurationError(f"{name} must be at most 10 years, got {short(value)}")
     return round(seconds * 1000)
 
 
@@ -86,7 +93,7 @@ def tenant_of(rule: TenantFrom | None, payload: Any, concurrency_key: str | None
         return head if found and head else None
     tenant = rule(payload)
     if tenant is not None and not isinstance(tenant, str):
-        raise ConfigurationError(f"tenant_from must return a string or None, got {tenant!r}")
+        raise ConfigurationError(f"tenant_from must return a string or None, got {short(tenant)}")
     return tenant
 
 
@@ -219,7 +226,7 @@ class Task(Generic[P, R]):
             raise ConfigurationError("timeout must be positive")
         if keep_result is not None and not isinstance(keep_result, bool):
             raise ConfigurationError(
-                f"keep_result must be True, False or None, got {keep_result!r}"
+                f"keep_result must be True, False or None, got {short(keep_result)}"
             )
         self.keep_result = keep_result
         if tenant_from is not None and not (callable(tenant_from) or isinstance(tenant_from, str)):
@@ -245,6 +252,8 @@ class Task(Generic[P, R]):
         if timeout_ms == 0:
             raise ConfigurationError("timeout must be positive")
         tenant = item.tenant or tenant_of(self.tenant_from, item.payload, item.concurrency_key)
+        if item.keep_result is not None and not isinstance(item.keep_result, bool):
+            raise InvalidLimitError("keep_result", item.keep_result, "must be True, False or None")
         keep = item.keep_result if item.keep_result is not None else self.keep_result
         return EnqueueRequest(
             env=self.app.env,

@@ -66,6 +66,11 @@ def _change(queue: str | None, name: str, value: object) -> Change:
     except InvalidLimitError as exc:
         label = _NAMES.get((queue is None, name), name)
         raise click.ClickException(str(InvalidLimitError(label, exc.value, exc.reason))) from None
+    except OverflowError:  # an integer beyond any float
+        label = _NAMES.get((queue is None, name), name)
+        raise click.ClickException(
+            str(InvalidLimitError(label, value, "is out of range"))
+        ) from None
     except InvalidNameError as exc:
         raise click.ClickException(str(exc)) from None
 
