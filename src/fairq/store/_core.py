@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ClusterError, ReadOnlyError, RedisError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq.config import RunQueueConfig
@@ -33,6 +33,10 @@ from fairq.store.scripts import Order, ScriptRegistry, registry
 from fairq.store.status import Status, decode
 
 T = TypeVar("T")
+
+#: Replies that mean "not now" rather than "no": CLUSTERDOWN, MASTERDOWN, TRYAGAIN, and a
+#: write reaching a replica mid-failover (READONLY).
+TRANSIENT_SERVER_ERRORS: Final = (ClusterError, TryAgainError, ReadOnlyError)
 
 #: How long a process remembers that an environment has fair-order queues (s); after
 #: that it tries the age-order scripts again (which refuse, if the fair order is still
@@ -185,6 +189,10 @@ class StoreCore:
         except FairqError:
             raise
         except (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError) as exc:
+            raise ConnectionLostError(self.server, f"{type(exc).__name__}: {exc}") from exc
+        except TRANSIENT_SERVER_ERRORS as exc:
+            # the server answers but cannot serve for now (a cluster failing over, a node
+            # back from a restart): as good as away, and retried the same way
             raise ConnectionLostError(self.server, f"{type(exc).__name__}: {exc}") from exc
         except ResponseError as exc:
             raise FairqError(f"the server at {self.server} refused a command: {exc}") from exc

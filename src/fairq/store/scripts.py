@@ -33,6 +33,7 @@ Only :mod:`fairq.store` uses this module; script objects never leave it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Callable
@@ -41,7 +42,9 @@ from importlib import resources
 from typing import Any, Final, Literal
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
@@ -265,13 +268,28 @@ class Script:
             if isinstance(client, RedisCluster):
                 # On every master: the client's idea of which node owns the slot may be
                 # stale right after a reshard, and a later call may land on another node.
-                await client.execute_command(
-                    "FUNCTION", "LOAD", "REPLACE", self.source, target_nodes=client.get_primaries()
-                )
+                for node in client.get_primaries():
+                    await _load_on_node(client, node, self.source)
             else:
                 await client.execute_command("FUNCTION", "LOAD", "REPLACE", self.source)
         except ResponseError as exc:
             raise ScriptLoadError(f"the server refused library {self.function}: {exc}") from exc
+
+
+#: Attempts to load a library on one cluster node (a command sent to named nodes gets
+#: none of the client's retries; a node that just restarted fails the first one).
+LOAD_ATTEMPTS: Final = 3
+
+
+async def _load_on_node(client: Any, node: Any, source: str) -> None:
+    for attempt in range(LOAD_ATTEMPTS):
+        try:
+            await client.execute_command("FUNCTION", "LOAD", "REPLACE", source, target_nodes=node)
+            return
+        except (RedisConnectionError, RedisTimeoutError):
+            if attempt == LOAD_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.05 * (attempt + 1))
 
 
 class ScriptRegistry:

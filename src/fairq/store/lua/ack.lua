@@ -56,7 +56,7 @@ for _, t in ipairs(todo) do
     local env_id, run = split_member(t.member)
     local Q = run_queue(X, env_id, f[1])
     local ta = f[7] or ''
-    free_slots(X, Q, f[2], run, ta)
+    free_slots_later(X, Q, f[2], run, ta)
     X.lease_del[#X.lease_del + 1] = t.member
     gone[#gone + 1] = mkey
     if t.outcome ~= '' then write_outcome(X, t.member, t.outcome) end
@@ -71,7 +71,8 @@ for _, t in ipairs(todo) do
     statuses[#statuses + 1] = S.ACKED
   end
 end
-del_keys(gone)
+-- the run hashes go with the flush's own DEL (one command)
+for _, key in ipairs(gone) do X.deletes[#X.deletes + 1] = key end
 HOOK.finish(X)
 state_flush(X)
 return statuses

@@ -86,14 +86,13 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
   end
   if keyless then
     touch(X, Q, KIND_QUEUE)
+    -- the keyless queue's new head is known: the heads index needs no read
+    X.head_known = X.head_known or {}
+    X.head_known[Q.B] = head or false
   else
     if removed > 0 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -removed) end
     touch(X, Q, KIND_CK)
-    if head == nil then
-      redis.call('ZREM', queue_key(Q.B, 'ck_index'), ck)
-    else
-      redis.call('ZADD', queue_key(Q.B, 'ck_index'), head, ck)
-    end
+    ck_index_set(X, Q.B, ck, head or false)
   end
   if head == nil and ta ~= '' then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), flow) end
   if delivered > 0 then

@@ -208,6 +208,7 @@ local function register_key(X, Q, tenant, flow)
   if is_parked(X, Q, 'k:' .. flow) then return nil end
   local kf = key_floor(X, Q, tenant, kk, got[2])
   local args = {}
+  ck_index_flush(X)
   if tenant ~= flow and not got[3]
       and redis.call('ZSCORE', queue_key(Q.B, 'ck_index'), tenant)
       and not redis.call('HGET', queue_key(Q.B, 'flow_tenants'), tenant) then
@@ -529,6 +530,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         -- discovery: the longest-waiting ready heads are always candidates (whatever their
         -- names), and a flow nothing registered (cold start, an age-order enqueue) is
         -- registered here, by the join rules
+        ck_index_flush(X)
         local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
           'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * budget))
         local flows, found = {}, {}

@@ -107,11 +107,13 @@ local function call_list(command, key, items)
   return out
 end
 
--- DEL many keys, chunked.
+-- DEL many keys (chunked); returns how many existed.
 local function del_keys(keys)
+  local total = 0
   for i = 1, #keys, UNPACK_CHUNK do
     local chunk = {}
     for j = i, math.min(#keys, i + UNPACK_CHUNK - 1) do chunk[#chunk + 1] = keys[j] end
-    redis.call('DEL', unpack(chunk))
+    total = total + redis.call('DEL', unpack(chunk))
   end
+  return total
 end

@@ -46,18 +46,51 @@ local function heads_place(X, Q, kind, score)
   return nil
 end
 
+-- Head moves of flows in their queue's ck_index (score, or false when the flow drained),
+-- written once per queue by ck_index_flush: a dequeue moves many flows' heads.
+local function ck_index_set(X, B, ck, score)
+  local pend = X.ckidx[B]
+  if pend == nil then
+    pend = {order = {}, score = {}}
+    X.ckidx[B] = pend
+  end
+  if pend.score[ck] == nil then pend.order[#pend.order + 1] = ck end
+  pend.score[ck] = score
+end
+
+-- Apply the pending head moves (before anything reads a ck_index again).
+local function ck_index_flush(X)
+  for B, pend in pairs(X.ckidx) do
+    local add, rem = {}, {}
+    for _, ck in ipairs(pend.order) do
+      local score = pend.score[ck]
+      if score then
+        add[#add + 1] = score
+        add[#add + 1] = ck
+      else
+        rem[#rem + 1] = ck
+      end
+    end
+    if #add > 0 then call_chunked('ZADD', queue_key(B, 'ck_index'), add) end
+    if #rem > 0 then call_chunked('ZREM', queue_key(B, 'ck_index'), rem) end
+  end
+  X.ckidx = {}
+end
+
 local function heads_rebalance(X, B, env_id, queue, kind)
-  local head
-  if kind == KIND_CK then
-    head = redis.call('ZRANGE', queue_key(B, 'ck_index'), 0, 0, 'WITHSCORES')
-  else
-    head = redis.call('ZRANGE', queue_key(B, 'queued'), 0, 0, 'WITHSCORES')
+  -- a claim of this script may already know the keyless queue's new head (false: empty)
+  local known = nil
+  if kind == KIND_QUEUE and X.head_known then known = X.head_known[B] end
+  local score = known or nil
+  if known == nil then
+    local key = kind == KIND_CK and queue_key(B, 'ck_index') or queue_key(B, 'queued')
+    score = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2]
   end
   local member = heads_member(kind, env_id, queue)
-  if #head == 0 then
+  if score == nil then
     redis.call('ZREM', X.heads, member)
   else
-    redis.call('ZADD', X.heads, head[2], member)
+    redis.call('ZADD', X.heads, score, member)
   end
 end
 
@@ -76,6 +109,7 @@ end
 local function place_queued(X, Q, ck, run, score, tenant)
   local flow = flow_of(ck)
   if ck == '' then
+    if X.head_known then X.head_known[Q.B] = nil end
     local added = redis.call('ZADD', queue_key(Q.B, 'queued'), score, run)
     local change = heads_place(X, Q, KIND_QUEUE, score)
     if change then
@@ -87,6 +121,7 @@ local function place_queued(X, Q, ck, run, score, tenant)
   end
   local added = redis.call('ZADD', variant_key(Q.B, ck, 'queued'), score, run)
   if added == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, 1) end
+  if X.ckidx[Q.B] then ck_index_flush(X) end
   local index = queue_key(Q.B, 'ck_index')
   local head = tonumber(redis.call('ZSCORE', index, ck))
   if head == nil or score < head then
@@ -152,6 +187,41 @@ local function free_slots(X, Q, ck, run, ta)
   return removed
 end
 
+-- free_slots for many runs at once (ack): one SREM per slot set and tenant, applied by
+-- state_flush. Counters move by what each SREM really removed.
+local function free_slots_later(X, Q, ck, run, ta)
+  ta = ta or ''
+  local id = Q.B .. '|' .. ck .. '|' .. ta
+  local g = X.free_by[id]
+  if g == nil then
+    g = {Q = Q, ck = ck, ta = ta, runs = {}}
+    X.free_by[id] = g
+    X.free_groups[#X.free_groups + 1] = g
+  end
+  g.runs[#g.runs + 1] = run
+end
+
+local function slots_flush(X)
+  for _, g in ipairs(X.free_groups) do
+    local Q, ck = g.Q, g.ck
+    local removed
+    if ck == '' then
+      removed = call_chunked('SREM', queue_key(Q.B, 'inflight'), g.runs)
+    else
+      removed = call_chunked('SREM', variant_key(Q.B, ck, 'inflight'), g.runs)
+      if removed > 0 then ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, -removed) end
+    end
+    if removed > 0 then
+      if g.ta ~= '' then tenant_running_add(X, Q.B, Q.V, Q.env_id, Q.name, g.ta, -removed) end
+      local frees = X.env_free[Q.V] or {}
+      X.env_free[Q.V] = frees
+      for _, run in ipairs(g.runs) do frees[#frees + 1] = run end
+      HOOK.slot_freed(X, Q, flow_of(ck), g.ta)
+    end
+  end
+  X.free_groups, X.free_by = {}, {}
+end
+
 -- A queue context for a run read from its hash (scripts that start from a run).
 local function run_queue(X, env_id, queue)
   local V = env_prefix(X.tag, env_id)
@@ -204,12 +274,20 @@ end
 -- Apply what the script collected: slots, leases, TTL index, counters, heads index,
 -- recent lists, history, and the wake-up hint. Call once, at the end.
 local function state_flush(X)
+  ck_index_flush(X)
+  slots_flush(X)
   for V, runs in pairs(X.env_take) do call_chunked('SADD', env_key(V, 'inflight'), runs) end
+  -- a consumer found ready work behind a limit (a gated flag): freed slots may let it
+  -- go. The flags go in one DEL with the keys known to exist (X.deletes): more deleted
+  -- than those means a flag was set.
+  local dels, flags = X.deletes, 0
   for V, runs in pairs(X.env_free) do
     call_chunked('SREM', env_key(V, 'inflight'), runs)
-    -- a consumer found ready work behind a limit: freed slots may let it go
-    if redis.call('DEL', env_key(V, 'gated')) == 1 then X.wake = true end
+    dels[#dels + 1] = env_key(V, 'gated')
+    flags = flags + 1
   end
+  if #dels > 0 and del_keys(dels) > #dels - flags then X.wake = true end
+  X.deletes = {}
   if #X.lease_add > 0 then call_chunked('ZADD', X.leases, X.lease_add) end
   if #X.lease_del > 0 then call_chunked('ZREM', X.leases, X.lease_del) end
   if #X.ttl_del > 0 then call_chunked('ZREM', X.ttl, X.ttl_del) end
@@ -229,7 +307,11 @@ local function state_flush(X)
     local old = redis.call('HMGET', h.key, unpack(names))
     local fresh, new_tenant = true, false
     for i = 1, #names do
-      if old[i] then fresh = false elseif string.sub(names[i], 1, 2) == 't:' then new_tenant = true end
+      if old[i] then
+        fresh = false
+      elseif i < #names and string.sub(names[i], 1, 2) == 't:' then
+        new_tenant = true
+      end
     end
     -- bounded: once a bucket holds HISTORY_MAX_FIELDS fields, further tenants are
     -- counted together under 't:~'

@@ -116,6 +116,7 @@ end
 -- their cap are added to `lenders` when the queue lets capped keys borrow idle slots.
 local function serve_ck_age(X, Q, budget, lease_ms, out, R, lenders)
   if Q.paused then return 0 end
+  ck_index_flush(X)
   local entries = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
     'WITHSCORES', 'LIMIT', 0, budget * Q.window)
   local flows = {}

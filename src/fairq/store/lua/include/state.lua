@@ -19,6 +19,11 @@ local function state_new(C, tag)
     trseen = {}, trval = {}, trdelta = {},
     -- runs.lua: slot and index changes applied once at the end (state_flush)
     env_take = {}, env_free = {}, lease_add = {}, lease_del = {}, ttl_del = {},
+    free_groups = {}, free_by = {},
+    -- ck_index head moves not yet written: B -> {order, score}
+    ckidx = {},
+    -- keys to delete that exist (run hashes), deleted with the flush's gated flags
+    deletes = {},
     recent = {}, history = {},
     -- queues whose heads-index member must be re-scored: B|kind -> {B, env_id, queue, kind}
     touched = {},
