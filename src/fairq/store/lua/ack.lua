@@ -10,10 +10,7 @@ and, with charge = duration, corrects the run's charge by its run time.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
-    default_env_concurrency default_burst_factor default_queue_size_limit default_order
-    default_max_per_key default_quantum default_window default_join default_arrival_cap
-    default_charge
+  context: the fields its context directive lists, in that order
   then 4 per run: lease member (org:project:env:run), lease token, outcome JSON to keep
     ('' = keep none), status word for the queue's history (completed | failed |
     cancelled | timed_out)

@@ -5,7 +5,7 @@ partly wrong changes nothing. Then wake consumers (a raised limit may let runs g
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: wake_channel
+  context: the fields its context directive lists, in that order
   FIRST_ARG  env id
   then 4 per change: target, queue ('' for the environment's own), field, value
     ('' = remove). Targets:

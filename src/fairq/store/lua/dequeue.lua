@@ -12,10 +12,7 @@ nothing written) and for the fair order (it serves both).
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: now counter_ttl state_ttl outcome_ttl wake_channel default_env_concurrency
-    default_burst_factor default_queue_size_limit default_order default_max_per_key
-    default_quantum default_window default_join default_arrival_cap default_charge
-    recent_runs
+  context: the fields its context directive lists, in that order
   FIRST_ARG      env id (org:project:env)
   FIRST_ARG + 1  max_count (1..1000)
   FIRST_ARG + 2  lease (ms, 1..86400000)

@@ -11,9 +11,7 @@ nothing written); the fair-order build also registers new flows in the fair orde
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: now counter_ttl state_ttl wake_channel default_queue_size_limit default_order
-    default_env_concurrency default_burst_factor default_max_per_key default_quantum
-    default_window default_join default_arrival_cap default_charge
+  context: the fields its context directive lists, in that order
   FIRST_ARG      env id      FIRST_ARG + 1  queue
   FIRST_ARG + 2  schedule name ('' = none)   FIRST_ARG + 3  schedule tick (ms)
     with a schedule, the call enqueues only if this tick is later than the schedule's

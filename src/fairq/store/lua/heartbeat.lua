@@ -5,7 +5,7 @@ its leases nor take others'.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: now
+  context: the fields its context directive lists, in that order
   FIRST_ARG  lease (ms, 1..86400000)
   then 3 per run: lease member (org:project:env:run), lease token, progress to record
     ('' = none; 'fraction:message', bounded by the caller)

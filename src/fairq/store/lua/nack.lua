@@ -5,10 +5,7 @@ Every argument is checked before anything is written.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
-    default_env_concurrency default_burst_factor default_queue_size_limit default_order
-    default_max_per_key default_quantum default_window default_join default_arrival_cap
-    default_charge
+  context: the fields its context directive lists, in that order
   FIRST_ARG      lease member (org:project:env:run)
   FIRST_ARG + 1  lease token
   FIRST_ARG + 2  retry at (ms, absolute; '' = now + delay)

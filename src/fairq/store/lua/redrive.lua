@@ -3,9 +3,7 @@
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
-    default_burst_factor default_queue_size_limit default_order default_max_per_key
-    default_quantum default_window default_join default_arrival_cap default_charge
+  context: the fields its context directive lists, in that order
   FIRST_ARG      env id
   FIRST_ARG + 1  run id
 Reply

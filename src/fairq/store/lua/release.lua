@@ -5,9 +5,7 @@ nack or lease expiry frees nothing twice.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: now counter_ttl wake_channel recent_runs state_ttl default_env_concurrency
-    default_burst_factor default_queue_size_limit default_order default_max_per_key
-    default_quantum default_window default_join default_arrival_cap default_charge
+  context: the fields its context directive lists, in that order
   then 2 per run: lease member (org:project:env:run), lease token
 Reply
   one status per run: RELEASED, NOT_HELD (it held no slot), UNKNOWN_RUN, LEASE_LOST

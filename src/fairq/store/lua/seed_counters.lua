@@ -5,7 +5,7 @@ while variants hold runs, so a dashboard never shows 0 for a keyed backlog.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: counter_ttl
+  context: the fields its context directive lists, in that order
   FIRST_ARG      env id
   FIRST_ARG + 1  queue
 Reply
