@@ -411,16 +411,6 @@ HOOK.needs_fair = function(by_name) return false end
 
 -- ------------------------------------------------------------------ the fair serve
 
--- Pairs compare by their tenant's tag, then the longest-waiting head they are known to
--- hold (discovery), then names (only to break a tie of equal heads).
-local function pair_better(a, b)
-  if b == nil then return true end
-  if a.ten.tag ~= b.ten.tag then return a.ten.tag < b.ten.tag end
-  if a.tie ~= b.tie then return a.tie < b.tie end
-  if a.T ~= b.T then return a.T < b.T end
-  return a.Q.name < b.Q.name
-end
-
 local function key_better(a, b)
   if b == nil then return true end
   if a.tag ~= b.tag then return a.tag < b.tag end
@@ -689,20 +679,65 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     return flow_running(X, Q, flow) > 0
   end
 
-  -- The SFQ loop over the active pairs.
-  local function serve_pairs()
-    while served < budget do
-      local p = nil
-      for _, c in ipairs(plist) do
-        if c.active and not qdone[c.Q.B] and pair_better(c, p) then p = c end
+  -- The active pairs in a heap by (tenant tag, tie, names). An entry holds the key it
+  -- was pushed with; a pair whose key moved since (its tenant was served through another
+  -- queue) goes back in with its current key when it comes up.
+  local heap
+  local function snap(p)
+    return {p = p, tag = p.ten.tag, tie = p.tie}
+  end
+  local function live(p)
+    return p.active and not qdone[p.Q.B]
+  end
+  local function fresh(e)
+    return e.tag == e.p.ten.tag and e.tie == e.p.tie
+  end
+  local function pop_best()
+    while true do
+      local e = heap_pop(heap)
+      if e == nil then return nil end
+      if live(e.p) then
+        if fresh(e) then return e.p end
+        heap_push(heap, snap(e.p))
       end
-      if p == nil then break end
-      local second = nil
-      for _, c in ipairs(plist) do
-        if c.active and not qdone[c.Q.B] and c.T ~= p.T and pair_better(c, second) then
-          second = c
+    end
+  end
+  -- The best pair of another tenant than T, left in the heap.
+  local function peek_other(T)
+    local held, found = {}, nil
+    while found == nil do
+      local e = heap_pop(heap)
+      if e == nil then break end
+      if live(e.p) then
+        if not fresh(e) then
+          heap_push(heap, snap(e.p))
+        else
+          held[#held + 1] = e
+          if e.p.T ~= T then found = e.p end
         end
       end
+    end
+    for _, e in ipairs(held) do heap_push(heap, e) end
+    return found
+  end
+
+  -- The SFQ loop over the active pairs.
+  local function serve_pairs()
+    -- pairs compare by their tenant's tag, then the longest-waiting head they are known
+    -- to hold (discovery), then names (only to break a tie of equal heads)
+    heap = heap_new(function(a, b)
+      if a.tag ~= b.tag then return a.tag < b.tag end
+      if a.tie ~= b.tie then return a.tie < b.tie end
+      if a.p.T ~= b.p.T then return a.p.T < b.p.T end
+      return a.p.Q.name < b.p.Q.name
+    end)
+    for _, c in ipairs(plist) do
+      if live(c) then heap_push(heap, snap(c)) end
+    end
+    while served < budget do
+      local p = pop_best()
+      if p == nil then break end
+      local second = peek_other(p.T)
       local Q = p.Q
       load_keys(p)
       local flow, kc, kc2
@@ -810,6 +845,8 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
           end
         end
       end
+      -- still in play (another of its keys, or its next runs): back in with its new tag
+      if live(p) then heap_push(heap, snap(p)) end
     end
   end
 

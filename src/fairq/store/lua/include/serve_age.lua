@@ -2,7 +2,7 @@
 -- result every serve function reports into:
 --   R.gated  ready work was left behind a limit (a freed slot should wake consumers)
 --   R.wait   the earliest time (ms) something now held back becomes ready (or nil)
---@require state config runs claim gates
+--@require state config runs claim gates heap
 
 local function result_new()
   return {gated = false, wait = nil}
@@ -66,26 +66,37 @@ local function serve_keyless(X, Q, budget, lease_ms, out, R)
   return got
 end
 
+-- Candidates compare by head, then name (only to break a tie of equal heads).
+local function cand_less(a, b)
+  if a.head ~= b.head then return a.head < b.head end
+  return a.c.flow < b.c.flow
+end
+
+-- The next active candidate of the heap (its entries hold the head they were pushed with;
+-- a candidate's head only changes while it is out of the heap).
+local function cand_pop(h)
+  while true do
+    local e = heap_pop(h)
+    if e == nil or e.c.active then return e end
+  end
+end
+
 -- Serve a candidate list in age order: each candidate {flow, head, tenant, named,
 -- served}; the oldest head next, at most `per_key` runs each. Returns served.
 local function serve_candidates_age(X, Q, cands, budget, per_key, lease_ms, out, R, borrowing,
     capped)
+  local h = heap_new(cand_less)
+  for _, c in ipairs(cands) do
+    if c.active then heap_push(h, {c = c, head = c.head}) end
+  end
   local served = 0
   while served < budget do
-    local best, second = nil, nil
-    for _, c in ipairs(cands) do
-      if c.active then
-        if best == nil or c.head < best.head or (c.head == best.head and c.flow < best.flow) then
-          second = best
-          best = c
-        elseif second == nil or c.head < second.head
-            or (c.head == second.head and c.flow < second.flow) then
-          second = c
-        end
-      end
-    end
+    local best = cand_pop(h)
     if best == nil then break end
-    local c = best
+    local c = best.c
+    local next_entry = cand_pop(h)
+    local second = next_entry and next_entry.c
+    if next_entry then heap_push(h, next_entry) end
     local take, buckets, why = flow_allowance(X, Q, c.flow, c.tenant, c.named,
       math.min(budget - served, per_key - c.served), R, borrowing)
     if take <= 0 then
@@ -105,6 +116,7 @@ local function serve_candidates_age(X, Q, cands, budget, per_key, lease_ms, out,
         if head ~= nil and head > X.now then wait_until(R, head) end
       else
         c.head = head
+        heap_push(h, {c = c, head = head})
       end
     end
   end
