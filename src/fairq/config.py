@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from fairq.errors import ConfigurationError, InvalidNameError
+from fairq.errors import ConfigurationError, InvalidNameError, short
 from fairq.keys import validate_prefix
 
 JoinPolicy = Literal["floor", "behind_leader"]
@@ -33,11 +33,19 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def as_float(value: int | float) -> float:
+    """``float(value)``; an int beyond the float range gives inf (then refused as such)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def _is_number(value: object) -> bool:
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
-        and math.isfinite(float(value))
+        and math.isfinite(as_float(value))
     )
 
 
@@ -59,11 +67,11 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         _check(
             _is_int(self.max_attempts) and 1 <= self.max_attempts <= 1000,
-            f"max_attempts must be an integer in 1..1000, got {self.max_attempts!r}",
+            f"max_attempts must be an integer in 1..1000, got {short(self.max_attempts)}",
         )
         _check(
             _is_number(self.factor) and 1.0 <= self.factor <= 100.0,
-            f"factor must be a number in 1..100, got {self.factor!r}",
+            f"factor must be a number in 1..100, got {short(self.factor)}",
         )
         _check(
             _is_int(self.min_delay_ms)
@@ -114,36 +122,38 @@ class VirtualTimeOptions:
 
     def __post_init__(self) -> None:
         _check(
-            isinstance(self.enabled, bool), f"enabled must be True or False, got {self.enabled!r}"
+            isinstance(self.enabled, bool),
+            f"enabled must be True or False, got {short(self.enabled)}",
         )
         _check(
             _is_number(self.quantum) and 0 < self.quantum <= 1e6,
-            f"quantum must be a number in (0, 1e6], got {self.quantum!r}",
+            f"quantum must be a number in (0, 1e6], got {short(self.quantum)}",
         )
         _check(
             _is_int(self.scan_window_multiplier) and 1 <= self.scan_window_multiplier <= 100,
             f"scan_window_multiplier must be an integer in 1..100, got "
-            f"{self.scan_window_multiplier!r}",
+            f"{short(self.scan_window_multiplier)}",
         )
         _check(
             _is_int(self.state_ttl_seconds) and 1 <= self.state_ttl_seconds <= 365 * 86_400,
-            f"state_ttl_seconds must be an integer in 1..31536000, got {self.state_ttl_seconds!r}",
+            "state_ttl_seconds must be an integer in 1..31536000, got "
+            f"{short(self.state_ttl_seconds)}",
         )
         _check(
             self.join_policy in ("floor", "behind_leader"),
-            f"join_policy must be 'floor' or 'behind_leader', got {self.join_policy!r}",
+            f"join_policy must be 'floor' or 'behind_leader', got {short(self.join_policy)}",
         )
         _check(
             _is_number(self.arrival_cap) and 0 <= self.arrival_cap <= 1e10,
-            f"arrival_cap must be a number in 0..1e10, got {self.arrival_cap!r}",
+            f"arrival_cap must be a number in 0..1e10, got {short(self.arrival_cap)}",
         )
         _check(
             self.charge in ("count", "duration"),
-            f"charge must be 'count' or 'duration', got {self.charge!r}",
+            f"charge must be 'count' or 'duration', got {short(self.charge)}",
         )
         _check(
             _is_int(self.charge_unit_ms) and 1 <= self.charge_unit_ms <= 86_400_000,
-            f"charge_unit_ms must be an integer in 1..86400000, got {self.charge_unit_ms!r}",
+            f"charge_unit_ms must be an integer in 1..86400000, got {short(self.charge_unit_ms)}",
         )
 
 
@@ -196,7 +206,7 @@ class RunQueueConfig:
             raise ConfigurationError(str(exc)) from None
         _check(
             _is_int(self.shard_count) and 1 <= self.shard_count <= 16384,
-            f"shard_count must be an integer in 1..16384, got {self.shard_count!r}",
+            f"shard_count must be an integer in 1..16384, got {short(self.shard_count)}",
         )
         _check(
             _is_int(self.default_env_concurrency)
@@ -267,7 +277,9 @@ class RunQueueConfig:
                 else:
                     target[attr] = conv(raw)
             except ValueError:
-                raise ConfigurationError(f"{name}={raw!r} is not a valid {conv.__name__}") from None
+                raise ConfigurationError(
+                    f"{name}={short(raw)} is not a valid {conv.__name__}"
+                ) from None
             # check the value alone, so the error names the variable that carried it
             try:
                 if target is vt:
@@ -275,7 +287,7 @@ class RunQueueConfig:
                 else:
                     cls(**{attr: target[attr]})  # type: ignore[arg-type]
             except ConfigurationError as exc:
-                raise ConfigurationError(f"{name}={raw!r}: {exc}") from None
+                raise ConfigurationError(f"{name}={short(raw)}: {exc}") from None
             sources[attr] = name
 
         read("FAIRQ_CK_VTIME_ENABLED", bool, vt, "enabled")

@@ -165,8 +165,8 @@ TENANT_KEYS: Final = {"keys": "keys"}
 #: them (so it can neither read nor write one), and their names never appear in it.
 FAIR_ORDER_KEYS: Final = frozenset(
     {
-        "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants", "parked", "parked_due",
-        "key_weights",
+        "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants", "parked",
+        "parked_due", "key_weights",
     }
 )  # fmt: skip
 #: Name parts between the tag and the identifiers.
@@ -192,7 +192,7 @@ def validate_name(kind: str, value: str, *, allow_slash: bool = False) -> str:
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidNameError(kind, value, f"longer than {MAX_NAME_LENGTH} characters")
     pattern = _QUEUE_RE if allow_slash else _NAME_RE
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         allowed = "letters, digits, '_', '.', '-'" + (", '/'" if allow_slash else "")
         raise InvalidNameError(
             kind, value, f"may only contain {allowed} (and not start with '.' or '-')"

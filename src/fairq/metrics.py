@@ -34,6 +34,9 @@ REGISTRY: Final = CollectorRegistry(auto_describe=True)
 
 #: Width of one served-record window (ms).
 SERVED_BUCKET_MS: Final = HISTORY_BUCKET_MS
+#: The served-share entry of the tenants a full history bucket counts together (a real
+#: tenant named "~" is merged with them in the chart).
+OVERFLOW_TENANT: Final = "~"
 
 #: Wait of each dequeued run, from available to dequeued, per queue.
 DEQUEUE_LATENCY: Final = Histogram(
@@ -103,12 +106,19 @@ async def read_served(
     buckets = await rq.history(
         env, queue, window_ms=max(window_ms, SERVED_BUCKET_MS), now_ms=now_ms
     )
-    return [(b.start_ms, dict(b.by_tenant)) for b in buckets]
+    windows = []
+    for b in buckets:
+        served = dict(b.by_tenant)
+        if b.other_tenants:
+            served[OVERFLOW_TENANT] = served.get(OVERFLOW_TENANT, 0) + b.other_tenants
+        windows.append((b.start_ms, served))
+    return windows
 
 
 __all__ = [
     "DEQUEUE_CALL",
     "DEQUEUE_LATENCY",
+    "OVERFLOW_TENANT",
     "REGISTRY",
     "RUNS_FINISHED",
     "RUNS_STARTED",

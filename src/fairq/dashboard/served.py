@@ -16,14 +16,13 @@ from typing import Any, Final
 
 from fairq import metrics
 from fairq.keys import Environment
+from fairq.metrics import OVERFLOW_TENANT
 from fairq.store import RunQueue
 
 #: How far back the served-share chart reaches (ms).
 SERVED_WINDOW_MS: Final = 300_000
 #: Tenants drawn separately in the chart; the rest are summed as "other".
 CHART_TOP_KEYS: Final = 8
-#: The tenant a history bucket counts further tenants under once it is full.
-OVERFLOW_TENANT: Final = "~"
 #: Where the chart's numbers come from (the JSON's ``served.source``).
 SOURCE: Final = "history"
 

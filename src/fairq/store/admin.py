@@ -230,6 +230,8 @@ class AdminOps(StoreCore):
             per: ``"key"`` / ``"tenant"``: the default limit of every key / tenant of the
                 queue; with none of these, the limit of the queue as a whole.
         """
+        if per not in (None, "key", "tenant"):
+            raise InvalidLimitError("rate limit per", per, "must be 'key', 'tenant' or None")
         if sum(x is not None for x in (key, tenant, per)) > 1:
             raise InvalidLimitError(
                 "rate limit scope", (key, tenant, per), "give one of key, tenant, per"

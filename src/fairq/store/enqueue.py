@@ -142,7 +142,7 @@ class EnqueueOps(StoreCore):
             InvalidNameError, PayloadError, InvalidLimitError: bad input.
         """
         if not isinstance(r, EnqueueRequest):
-            raise TypeError(f"expected an EnqueueRequest, got {type(r).__name__}")
+            raise InvalidLimitError("request", r, "must be an EnqueueRequest")
         if not isinstance(r.env, Environment):
             raise InvalidNameError("environment", r.env, "must be an Environment")
         K.validate_name("queue", r.queue, allow_slash=True)

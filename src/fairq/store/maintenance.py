@@ -28,6 +28,8 @@ class MaintenanceOps(StoreCore):
     async def maintenance_due(self, *, now_ms: int | None = None) -> tuple[list[int], list[int]]:
         """Shards with a lapsed lease, and shards with a passed TTL (one round trip),
         judged on the server's clock (or ``now_ms``)."""
+        if now_ms is not None:
+            validate.time_ms("now_ms", now_ms)
         shards = self.keys.shards()
 
         def build(pipe: Any) -> None:
@@ -50,6 +52,8 @@ class MaintenanceOps(StoreCore):
     ) -> int:
         """Requeue runs whose lease lapsed (lost consumers), on every shard (or ``shards``)."""
         validate.integer("batch", batch, 1, 10_000)
+        if now_ms is not None:
+            validate.time_ms("now_ms", now_ms)
         total = 0
         for s in self._shard_keys(shards):
             order = self.order_for_shard(s.shard)
@@ -63,6 +67,8 @@ class MaintenanceOps(StoreCore):
     ) -> int:
         """Expire queued runs whose TTL passed, on every shard (or ``shards``); returns how many."""
         validate.integer("batch", batch, 1, 10_000)
+        if now_ms is not None:
+            validate.time_ms("now_ms", now_ms)
         total = 0
         for s in self._shard_keys(shards):
             order = self.order_for_shard(s.shard)
@@ -74,6 +80,7 @@ class MaintenanceOps(StoreCore):
     async def maintain(self, *, interval_s: float = 1.0, force: bool = False) -> bool:
         """Reclaim lapsed leases and expire TTLs, at most once per interval across every
         process sharing the prefix. Returns whether this call did the work."""
+        validate.number("interval_s", interval_s, 0.001, 86_400)
         if force:
             await self.reclaim_lapsed_leases()
             await self.expire_ttl()

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from fairq.config import MAX_LIMIT
+from fairq.config import MAX_LIMIT, as_float
 from fairq.errors import InvalidLimitError
 
 Kind = Literal["int", "float", "word", "flag"]
@@ -55,7 +55,7 @@ class Option:
             if not (isinstance(value, float) and value.is_integer()):
                 raise InvalidLimitError(name, value, "must be an integer")
             value = int(value)
-        number = float(value)
+        number = as_float(value)
         if not math.isfinite(number) or not self.low <= number <= self.high:
             raise InvalidLimitError(name, value, f"must be in {self.low:g}..{self.high:g}")
         return str(int(value)) if self.kind == "int" else repr(number)
@@ -124,7 +124,7 @@ def parse_rate(value: str | float | int) -> float:
     if isinstance(value, bool):
         raise InvalidLimitError("rate", value, "must be like '100/s', '30/m' or a number")
     if isinstance(value, int | float):
-        per_second = float(value)
+        per_second = as_float(value)
     elif isinstance(value, str):
         text = value.strip().lower()
         amount, _, unit = text.partition("/")

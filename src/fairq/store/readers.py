@@ -26,6 +26,10 @@ HISTORY_BUCKET_MS: Final = 10_000
 MAX_VARIANTS: Final = 500
 
 
+#: The history field that counts the tenants a full bucket has no field for.
+HISTORY_OVERFLOW_FIELD: Final = "t:~"
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryBucket:
     """What happened to a queue in one 10-second window."""
@@ -42,6 +46,8 @@ class HistoryBucket:
     run_ms: int
     #: Runs served per tenant (None: keyless runs of the queue's default tenant).
     by_tenant: dict[str | None, int]
+    #: Runs served to tenants beyond the bucket's bound on tenant fields (counted together).
+    other_tenants: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,17 @@ class RecentRun:
     duration_ms: int | None
     concurrency_key: str | None
     tenant: str | None
+
+
+def _key_tag(stored: Any, parked: Any, floor: float | None) -> float | None:
+    """A key's place in the fair order as it would compete now: its tag in V:tt, else the
+    one it was parked with, never below the floor (None in the age order)."""
+    tag = None if stored is None else float(stored)
+    if tag is None and parked is not None:
+        tag = float(text_of(parked)[2:])
+    if floor is None:
+        return tag
+    return floor if tag is None or tag < floor else tag
 
 
 def _opt(raw: Any) -> str | None:
@@ -205,10 +222,12 @@ class ReaderOps(StoreCore):
             pipe.hmget(q.flow_tenants, names)
             pipe.hmget(q.key_weights, names)
             pipe.hmget(q.key_caps, names)
-            pipe.zmscore(e.tenant_tags, names)
+            pipe.zmscore(e.tenant_tags, [*names, K.FLOOR_MEMBER])
+            pipe.hmget(q.parked, [f"t:{ck}" for ck in names])
 
         raw = await self.pipeline(build)
-        tenants, weights, caps, tags = raw[-4], raw[-3], raw[-2], raw[-1]
+        tenants, weights, caps, tags, parked = raw[-5], raw[-4], raw[-3], raw[-2], raw[-1]
+        floor = None if tags[-1] is None else float(tags[-1])
         out = []
         for i, ck in enumerate(names):
             named = _opt(tenants[i])
@@ -218,7 +237,7 @@ class ReaderOps(StoreCore):
                     queued=int(raw[2 * i]),
                     running=int(raw[2 * i + 1]),
                     oldest_score_ms=heads.get(ck),
-                    virtual_tag=None if named or tags[i] is None else float(tags[i]),
+                    virtual_tag=None if named else _key_tag(tags[i], parked[i], floor),
                     weight=1.0 if weights[i] is None else float(weights[i]),
                     tenant=K.decode_concurrency_key(named) if named else None,
                     cap=None if caps[i] is None else int(caps[i]),
@@ -446,6 +465,8 @@ class ReaderOps(StoreCore):
             f = {text_of(k): int(float(v)) for k, v in fields.items()}
             by_tenant: dict[str | None, int] = {}
             for name, n in f.items():
+                if name == HISTORY_OVERFLOW_FIELD:
+                    continue
                 if name.startswith("t:"):
                     tenant = name[2:]
                     by_tenant[
@@ -459,6 +480,7 @@ class ReaderOps(StoreCore):
                     dead_lettered=f.get("dead_lettered", 0), expired=f.get("expired", 0),
                     cancelled=f.get("cancelled", 0), timed_out=f.get("timed_out", 0),
                     run_ms=f.get("run_ms", 0), by_tenant=by_tenant,
+                    other_tenants=f.get(HISTORY_OVERFLOW_FIELD, 0),
                 )
             )  # fmt: skip
         return out

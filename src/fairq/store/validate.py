@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any, Final
 
-from fairq.config import MAX_DEQUEUE_COUNT, MAX_LIMIT, MAX_WEIGHT
+from fairq.config import MAX_DEQUEUE_COUNT, MAX_LIMIT, MAX_WEIGHT, as_float
 from fairq.errors import InvalidLimitError, PayloadError
 
 #: The largest time accepted (ms): the year 10000.
@@ -37,7 +37,7 @@ def number(name: str, value: object, low: float, high: float) -> float:
     """A finite int or float (not a bool) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidLimitError(name, value, f"must be a number in {low:g}..{high:g}")
-    result = float(value)
+    result = as_float(value)
     if not math.isfinite(result) or not low <= result <= high:
         raise InvalidLimitError(name, value, f"must be a finite number in {low:g}..{high:g}")
     return result
