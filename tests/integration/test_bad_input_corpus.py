@@ -878,60 +878,13 @@ CONFIG += [
 
 ALL: list[Case] = STORE + APP + WORKER + CONFIG
 
-# ---------------------------------------------------------------- known product bugs
-# Each is written up in /work/notes/bugs-faults.md (Bn); the case stays as it should be.
-# B7, B8 and the app/CLI parts of B5/B6 were fixed in 7de48d3 (their cases now pass).
-
-BUGS: dict[str, str] = {
-    "B1": "a name with a trailing newline passes validate_name (keys.py: '$' matches "
-    "before a final newline)",
-    "B2": "enqueue_many raises TypeError, not a FairqError, for a non-EnqueueRequest",
-    "B3": "reclaim_lapsed_leases / expire_ttl do not validate now_ms (year 10000 reclaims "
-    "live leases)",
-    "B4": "maintain() does not validate interval_s (NaN / str / 10**400 crash)",
-    "B5": "an int like 10**400 raises OverflowError where a float is expected (store, config)",
-    "B6": "from_env echoes a huge variable whole in the error message (no short())",
-    "B10": "set_rate_limit(per=<unknown>) raises KeyError",
-}
-
-
-#: Where a float is expected (weights, burst, quantum, rates, durations in seconds).
-B5_CASES: frozenset[str] = frozenset(
-    [
-        "set_env_limits burst 10**400", "set_queue_options quantum 10**400",
-        "set_env_weight 10**400", "set_tenant_weight 10**400",
-        "set_concurrency_key_weight 10**400", "set_rate_limit rate 10**400",
-        "RunQueueConfig burst 10**400",
-        "with_vtime quantum 10**400",
-    ]
-)  # fmt: skip
-
-
-def _bug(name: str) -> str | None:
-    if "newline" in name:
-        return "B1"
-    if name.startswith("enqueue_many a "):
-        return "B2"
-    if name.startswith(("reclaim_lapsed_leases now_ms", "expire_ttl now_ms")):
-        return "B3"
-    if name.startswith("maintain "):
-        return "B4"
-    if name.startswith("from_env FAIRQ_OUTCOME"):
-        return "B6"
-    if name in B5_CASES:
-        return "B5"
-    if name == "set_rate_limit per month":
-        return "B10"
-    return None
+# Product bugs this corpus found (B1-B8, B10 in /work/notes/bugs-faults.md) were fixed in
+# 7de48d3 and 4b5783b; every case is a plain assertion again. A new bug found here gets a
+# ``pytest.param(..., marks=pytest.mark.xfail(strict=True, reason="Bn: ..."))`` in _params.
 
 
 def _params(cases: list[tuple[Any, ...]]) -> list[Any]:
-    out = []
-    for case in cases:
-        bug = _bug(case[0])
-        marks = [pytest.mark.xfail(strict=True, reason=f"{bug}: {BUGS[bug]}")] if bug else []
-        out.append(pytest.param(*case, id=case[0], marks=marks))
-    return out
+    return [pytest.param(*case, id=case[0]) for case in cases]
 
 
 # ---------------------------------------------------------------- harness
