@@ -26,6 +26,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 import pytest
 from click.testing import CliRunner
@@ -890,6 +891,16 @@ def _params(cases: list[tuple[Any, ...]]) -> list[Any]:
 # ---------------------------------------------------------------- harness
 
 
+def private_db(url: str) -> str:
+    """The session server's logical database 9 for a plain ``redis://`` URL: every
+    snapshot SCANs the whole database, so the corpus keeps its own (other tests leave
+    100,000s of keys in db 0). Cluster and unix URLs are used as they are."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("redis", "rediss"):
+        return url
+    return urlunparse(parsed._replace(path="/9"))
+
+
 @pytest.fixture(scope="module")
 async def ctx(redis_url: str) -> AsyncIterator[Ctx]:
     """One seeded store for the module (a bad call writes nothing, so the cases share
@@ -899,7 +910,8 @@ async def ctx(redis_url: str) -> AsyncIterator[Ctx]:
 
     env = Environment("org1", "proj1", "prod")
     prefix = f"corpus{os.getpid()}"
-    rq = RunQueue(await connect(redis_url), RunQueueConfig(prefix=prefix))
+    url = private_db(redis_url)
+    rq = RunQueue(await connect(url), RunQueueConfig(prefix=prefix))
     await rq.purge()
     await rq.set_env_limits(env, concurrency=5)
     await rq.set_queue_concurrency(env, "q", 3)
@@ -909,7 +921,7 @@ async def ctx(redis_url: str) -> AsyncIterator[Ctx]:
     await rq.enqueue(env, "q", "later", delay_ms=3_600_000, ttl_ms=7_200_000)
     (delivery,) = await rq.dequeue(1, env=env, queues=["q"], lease_ms=3_600_000)
     assert delivery.run_id == "running"
-    app = Fairq(env, url=redis_url, config=RunQueueConfig(prefix=prefix))
+    app = Fairq(env, url=url, config=RunQueueConfig(prefix=prefix))
 
     @app.task(queue="jobs")
     async def jobs(payload: Any) -> Any:
@@ -1054,7 +1066,7 @@ async def test_bad_cli_input_exits_with_a_short_message_and_changes_nothing(
         runner.invoke,
         main,
         argv,
-        env={"FAIRQ_REDIS_URL": redis_url, "FAIRQ_PREFIX": ctx.rq.config.prefix},
+        env={"FAIRQ_REDIS_URL": private_db(redis_url), "FAIRQ_PREFIX": ctx.rq.config.prefix},
     )
     assert result.exit_code in (1, 2), (result.exit_code, result.output[-500:], result.exception)
     assert isinstance(result.exception, SystemExit), repr(result.exception)
@@ -1074,7 +1086,7 @@ async def test_the_cli_writes_the_test_prefix(ctx: Ctx, redis_url: str) -> None:
     before = await snapshot(ctx.rq)
     result = await asyncio.to_thread(
         CliRunner().invoke, main, ["limits", "set", ENV_ID, "--concurrency", "7"],
-        env={"FAIRQ_REDIS_URL": redis_url, "FAIRQ_PREFIX": ctx.rq.config.prefix},
+        env={"FAIRQ_REDIS_URL": private_db(redis_url), "FAIRQ_PREFIX": ctx.rq.config.prefix},
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     changed = await snapshot(ctx.rq) != before

@@ -96,6 +96,7 @@ async def test_dequeue_1000_from_12000_keys_and_finish_1000_at_once(
     stats = await rq.queue_stats(env, "q")
     assert stats.running == 0
     assert stats.queued == OLD_KEYS * 2 + NEW_KEYS - 2 * MAX_DEQUEUE_COUNT
+    await rq.purge()  # 20,000 runs: do not leave them to every later SCAN
 
 
 async def test_enqueue_many_10000_in_one_call_and_1000_in_one_script_call(
@@ -117,6 +118,7 @@ async def test_enqueue_many_10000_in_one_call_and_1000_in_one_script_call(
     assert {r.status for r in again} == {EnqueueStatus.DUPLICATE}
     assert (await rq.queue_stats(env, "bulk")).queued == 10_000
     assert (await rq.queue_stats(env, "keys")).queued == MAX_RUNS_PER_CALL
+    await rq.purge()
 
 
 async def test_configure_10000_weights_and_caps_in_one_call(
