@@ -22,7 +22,7 @@ from tests.integration.limits_support import (
     enqueue_runs,
     queue_for,
 )
-from tests.state import tenant_floor, tenant_keys, tenant_tags
+from tests.state import parked, tenant_floor, tenant_keys, tenant_tags
 
 from fairq.consumer import Consumer
 from fairq.keys import Environment
@@ -289,11 +289,9 @@ async def test_a_rate_limited_key_keeps_its_tag_inside_its_tenant(
 async def rq_key_tags(rq: RunQueue, env: Environment) -> dict[str, float]:
     """T's key tags, parked keys included (a parked key keeps its tag in B:park)."""
     tags = await tenant_keys(rq, env, Q, "T")
-    raw = await rq.client.hgetall(rq.keys.queue(env, Q).parked)  # type: ignore[misc]
-    for member, value in raw.items():
-        m, v = member.decode(), value.decode()
-        if m.startswith("k:"):
-            tags[m[2:]] = float(v[2:])
+    for member, value in (await parked(rq, env, Q)).items():
+        if member.startswith("k:"):
+            tags[member[2:]] = float(value[2:])
     return tags
 
 
