@@ -428,10 +428,6 @@ async def test_a_rate_limit_takes_one_scope(make_queue: Any, env: Environment) -
     await _refused(rq, rq.set_rate_limit(env, Q, 5, tenant="t", per="tenant"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="L3 (notes/bugs-limits.md): set_rate_limit(per=<unknown>) raises KeyError",
-)
 @pytest.mark.parametrize("per", ["queue", "keys", "", 1])
 async def test_an_unknown_rate_scope_is_a_fairq_error(
     make_queue: Any, env: Environment, per: object
