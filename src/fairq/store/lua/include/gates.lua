@@ -149,7 +149,7 @@ end
 -- Whole tokens a bucket has now, and when its next token arrives (ms).
 local function bucket_peek(X, b)
   local whole = math.floor(b.tokens + 1e-9)
-  local next_at = X.now + math.ceil((1 - (b.tokens - whole)) * 1000 / b.rate)
+  local next_at = X.now + math.ceil((1 - (b.tokens - whole)) * 1000 / b.rate - 1e-9)
   return whole, next_at
 end
 

@@ -63,6 +63,9 @@ local TICK = 8
 --- How many entries of a tenant's key set a dequeue reads at least (a set this small is
 --- read whole: the call then knows when the tenant's last key leaves).
 local KEYS_LOADED = 64
+--- At most this many gather-and-serve rounds per call (each round after the first needs
+--- the previous one to have parked something).
+local MAX_ROUNDS = 16
 
 -- The environment's floor from `raw`, its score in V:tt (false: it has none).
 local function floor_load(X, V, raw)
@@ -850,12 +853,19 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
   end
 
-  for round = 1, 3 do -- bounded: a round that parks gated candidates may uncover others
+  -- a round that parks gated candidates may uncover others behind them: gather again
+  -- while rounds park (bounded), so keys at their cap cannot hide servable ones
+  local parked_any = false
+  for round = 1, MAX_ROUNDS do
     X.parked_now = false
     if gather() == 0 and round > 1 then break end
     serve_pairs()
+    parked_any = parked_any or X.parked_now
     if served >= budget or not X.parked_now then break end
   end
+  -- still nothing served but candidates were parked: more may lie behind them, so the
+  -- caller should come back at once rather than sleep
+  if served == 0 and parked_any then wait_until(R, X.now) end
 
   -- borrowing: capped keys and tenants may take slots nobody else of the queue can use
   for _, l in ipairs(lenders) do

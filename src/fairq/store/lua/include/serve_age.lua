@@ -43,6 +43,8 @@ local function flow_allowance(X, Q, flow, tenant, named, budget, R, borrowing)
     wait_until(R, next_at)
     return 0, buckets, 'rate:' .. scope, next_at
   end
+  -- the total cap binds this take: what is left of the queue is held back by it
+  if total <= math.min(budget, room, rate) then R.gated = true end
   return math.min(budget, room, total, rate), buckets, nil
 end
 
@@ -145,6 +147,13 @@ local function serve_ck_age(X, Q, budget, lease_ms, out, R, lenders)
   local capped = {}
   local served = serve_candidates_age(X, Q, cands, budget, per_key, lease_ms, out, R, false,
     capped)
+  if served < budget then
+    -- the call has room left: a consumer will wait, so tell it when a variant whose
+    -- runs all lie in the future becomes ready
+    local later = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '(' .. exact(X.now), '+inf',
+      'WITHSCORES', 'LIMIT', 0, 1)
+    if #later > 0 then wait_until(R, tonumber(later[2])) end
+  end
   if Q.borrow and #capped > 0 then
     lenders[#lenders + 1] = {Q = Q, cands = capped, per_key = per_key}
   end
