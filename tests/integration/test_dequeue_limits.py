@@ -369,11 +369,11 @@ async def test_dequeue_variant_honours_rates_and_counts_the_named_tenant(
     await rq.set_tenant_concurrency(env, "q", "acme", 1)
     for i in range(3):
         await rq.enqueue(env, "q", f"r{i}", concurrency_key="k", now_ms=T0 - 10)
-        await rq.enqueue(
-            env, "q", f"a{i}", concurrency_key=f"u{i}", tenant="acme", now_ms=T0 - 10
-        )
+        await rq.enqueue(env, "q", f"a{i}", concurrency_key=f"u{i}", tenant="acme", now_ms=T0 - 10)
 
-    by_rate = [[d.run_id for d in await rq.dequeue_variant(env, "q", "k", now_ms=T0)] for _ in "xyz"]
+    by_rate = [
+        [d.run_id for d in await rq.dequeue_variant(env, "q", "k", now_ms=T0)] for _ in "xyz"
+    ]
     by_tenant = [
         [(d.run_id, d.tenant) for d in await rq.dequeue_variant(env, "q", f"u{i}", now_ms=T0)]
         for i in range(3)

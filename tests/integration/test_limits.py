@@ -135,20 +135,7 @@ async def test_filling_the_total_cap_reports_gated_work(
     assert batch.gated
 
 
-@pytest.mark.parametrize(
-    "order",
-    [
-        pytest.param(
-            "age",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="L1 (notes/bugs-limits.md): the age order does not report `gated` "
-                "when its keyless serve fills the total cap after each key had its run",
-            ),
-        ),
-        "fair",
-    ],
-)
+@pytest.mark.parametrize("order", ["age", "fair"])
 async def test_filling_the_total_cap_reports_gated_work_with_one_run_per_key(
     make_queue: Any, env: Environment, order: Order
 ) -> None:
@@ -282,11 +269,6 @@ async def _capped_crowd(rq: RunQueue, env: Environment, crowd: int) -> list[Deli
     return running
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="L2 (notes/bugs-limits.md): keys at their cap fill the fair order's candidate "
-    "window; free keys behind them wait for several empty dequeue calls",
-)
 async def test_keys_at_their_cap_do_not_block_free_keys_in_the_fair_order(
     make_queue: Any, env: Environment
 ) -> None:

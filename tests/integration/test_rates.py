@@ -151,11 +151,6 @@ TOKEN_WAITS: list[tuple[int, int, int | None]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="L4 (notes/bugs-limits.md): the next token's time is rounded up through "
-    "floating-point error (wait 2 ms for 1 ms, 151 for 150)",
-)
 @both_orders
 @pytest.mark.parametrize("scope", list(SCOPES))
 async def test_wait_ms_is_the_time_to_the_next_token(
@@ -182,20 +177,7 @@ async def test_wait_ms_is_never_before_the_next_token(
             assert wait is not None and exact <= wait <= exact + 1, got
 
 
-@pytest.mark.parametrize(
-    "order",
-    [
-        pytest.param(
-            "age",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="L5 (notes/bugs-limits.md): the age order's wait ignores another "
-                "key's future head when the queue has ready (rate-limited) keys",
-            ),
-        ),
-        "fair",
-    ],
-)
+@pytest.mark.parametrize("order", ["age", "fair"])
 async def test_wait_ms_is_the_earlier_of_a_token_and_a_delayed_run(
     make_queue: Any, env: Environment, order: Order
 ) -> None:

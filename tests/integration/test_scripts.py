@@ -1,6 +1,7 @@
 """The script registry: one file per operation assembled with its includes (once each,
 in dependency order), a checked context per script, one reply vocabulary; calls go by
-FCALL (reloading a library the server lost) and a refused argument becomes a fairq exception in one place.
+FCALL (reloading a library the server lost) and a refused argument becomes a fairq
+exception in one place.
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ def test_the_prelude_must_come_first() -> None:
 
 
 def test_an_unknown_context_name_fails_to_load() -> None:
-    files = {"s.lua": "--@context now clock_skew\n--@include prelude\n", "include/prelude.lua": PRELUDE}
+    files = {
+        "s.lua": "--@context now clock_skew\n--@include prelude\n",
+        "include/prelude.lua": PRELUDE,
+    }
     with pytest.raises(ScriptLoadError, match="clock_skew"):
         assemble("s", None, _reader(files))
 
