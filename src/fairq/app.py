@@ -99,7 +99,8 @@ class Fairq:
             agrees (``fairq limits`` can change it at any time).
         result_ttl_seconds: how long run outcomes (results, errors) are kept.
         eager: run triggered tasks at once, in this process, without a server (unit
-            tests); the handle then holds the result or the error.
+            tests); the handle then holds the result or the error (see
+            :func:`fairq.tasks.run_eagerly` for what differs from a worker).
     """
 
     def __init__(
@@ -138,6 +139,8 @@ class Fairq:
         if not isinstance(eager, bool):
             raise ConfigurationError("eager must be True or False")
         self.eager = eager
+        #: Outcomes of eager runs by run id (the newest 10,000).
+        self._eager_runs: dict[str, RunInfo] = {}
         #: Registered tasks by queue name.
         self.tasks: dict[str, Task[Any, Any]] = {}
         #: Registered schedules by name.
@@ -174,7 +177,7 @@ class Fairq:
         timeout: Duration | None = None,
         keep_result: bool | None = None,
         tenant_from: TenantFrom | None = None,
-        schedule: str | None = None,
+        schedule: str | Duration | None = None,
         fair: bool | None = None,
         max_per_key_per_call: int | None = None,
         total_concurrency: int | None = None,
@@ -196,7 +199,7 @@ class Fairq:
         timeout: Duration | None = None,
         keep_result: bool | None = None,
         tenant_from: TenantFrom | None = None,
-        schedule: str | None = None,
+        schedule: str | Duration | None = None,
         fair: bool | None = None,
         max_per_key_per_call: int | None = None,
         total_concurrency: int | None = None,
@@ -219,7 +222,9 @@ class Fairq:
                 keep results that are not None).
             tenant_from: derive a run's tenant: a callable of the payload, or
                 ``"prefix:<sep>"`` (the concurrency key up to the first ``<sep>``).
-            schedule: a cron expression: trigger the task on it (payload None).
+            schedule: trigger the task periodically (payload None): a cron expression
+                (UTC), or an interval in seconds / a timedelta. For a time zone, a
+                payload, a key or a catch-up policy use :meth:`schedule`.
             fair / max_per_key_per_call / total_concurrency / rate / charge: the queue's
                 order and limits, written on the server by a starting worker.
 
@@ -258,8 +263,10 @@ class Fairq:
                 tenant_from=tenant_from, options=options,
             )  # fmt: skip
             self.tasks[queue_name] = t
-            if schedule is not None:
-                self.schedule(t, cron=schedule, name=f"{queue_name}@{schedule}")
+            if isinstance(schedule, str):
+                self.schedule(t, cron=schedule)
+            elif schedule is not None:
+                self.schedule(t, every=schedule)
             return t
 
         if fn is not None:
@@ -282,6 +289,19 @@ class Fairq:
     ) -> Schedule:
         """Trigger ``task`` periodically: on a cron expression, or every ``every`` seconds.
         Workers of the app enqueue each tick exactly once, however many run.
+
+        Args:
+            cron: a 5-field cron expression, read in ``timezone``.
+            every: an interval (seconds or a timedelta, at least 1 s); ticks fall on
+                multiples of it since the Unix epoch.
+            name: unique per app (default ``<queue>@<cron>`` / ``<queue>@every<N>ms``);
+                the server keeps each schedule's last tick under this name.
+            payload / concurrency_key / tenant: of every run it triggers.
+            timezone: an IANA name (``Europe/Paris``); daylight-saving changes follow
+                cron's rules (a skipped local time does not run, a repeated one once).
+            catch_up: after a downtime, ``none`` skips the missed ticks, ``latest``
+                (default) runs the latest of them, ``all`` runs each (at most
+                ``max_catch_up``, the newest ones).
 
         Raises:
             ConfigurationError: neither or both of cron / every, a bad cron expression,
@@ -307,6 +327,18 @@ class Fairq:
         return s
 
     # ------------------------------------------------------------------ connection
+
+    def use_server(self, url: str, *, prefix: str | None = None) -> None:
+        """Point the app at another server (and optionally another key prefix), e.g. a
+        test's private server. Call it before the app connects; an open connection of
+        the running loop is dropped (close it first with :meth:`aclose`)."""
+        if not isinstance(url, str) or not url:
+            raise ConfigurationError(f"url must be a non-empty string, got {short(url)}")
+        self.url = url
+        self._resolved_url = None
+        self._queues = weakref.WeakKeyDictionary()
+        if prefix is not None:
+            self.config = replace(self.config, prefix=prefix)
 
     async def resolved_url(self) -> str:
         """The server URL in use (resolving FAIRQ_REDIS_URL / the shared server once)."""
@@ -377,12 +409,17 @@ class Fairq:
         """Cancel a run: a queued run is never delivered, a dead-lettered one leaves the
         DLQ (either then reports ``cancelled``); a running run's worker is asked to stop
         it (``CANCEL_REQUESTED``), and it ends ``cancelled``."""
+        if self.eager:
+            known = run_id in self._eager_runs
+            return CancelOutcome.ALREADY_FINISHED if known else CancelOutcome.UNKNOWN
         rq = await self.queue()
         return await rq.cancel(self.env, run_id)
 
     async def get_run(self, run_id: str) -> RunInfo | None:
         """A run's status and result or error; None when fairq knows nothing of it
         (never triggered, completed without a kept outcome, or its retention passed)."""
+        if self.eager:
+            return self._eager_runs.get(run_id)
         rq = await self.queue()
         return await rq.get_run(self.env, run_id)
 

@@ -74,40 +74,57 @@ def validate_schedule(s: Schedule) -> None:
 
 
 def ticks_after(s: Schedule, after_ms: int) -> Iterator[int]:
-    """The schedule's ticks strictly after ``after_ms``, in ms, forever."""
+    """The schedule's ticks strictly after ``after_ms``, in ms, oldest first, forever."""
     if s.every_ms is not None:
         tick = (after_ms // s.every_ms + 1) * s.every_ms
         while True:
             yield tick
             tick += s.every_ms
+    assert s.cron is not None
     zone = ZoneInfo(s.timezone)
     start = datetime.fromtimestamp(after_ms / 1000, UTC).astimezone(zone)
-    assert s.cron is not None
     for when in CronSim(s.cron, start):
         ms = int(when.timestamp() * 1000)
         if ms > after_ms:
             yield ms
 
 
+def ticks_until(s: Schedule, at_ms: int) -> Iterator[int]:
+    """The schedule's ticks at or before ``at_ms``, in ms, newest first (however long
+    ago the last one was, the first comes without walking the ticks in between)."""
+    if s.every_ms is not None:
+        tick = (at_ms // s.every_ms) * s.every_ms
+        while tick >= 0:
+            yield tick
+            tick -= s.every_ms
+        return
+    assert s.cron is not None
+    zone = ZoneInfo(s.timezone)
+    # cron ticks fall on whole seconds; reverse iteration excludes its start
+    start = datetime.fromtimestamp(at_ms // 1000 + 1, UTC).astimezone(zone)
+    for when in CronSim(s.cron, start, reverse=True):
+        yield int(when.timestamp() * 1000)
+
+
 def due_ticks(s: Schedule, last_ms: int | None, now_ms: int) -> list[int]:
-    """The ticks to claim now, by the schedule's catch-up policy (oldest first)."""
-    if last_ms is None:
-        # first sight: only a tick that is due right now (this very second)
-        last_ms = now_ms - 1_000
+    """The ticks to claim now, by the schedule's catch-up policy (oldest first).
+
+    ``last_ms`` is the last tick claimed (None: the schedule is new, so only a tick of
+    the last second is due). Cost: at most ``max_catch_up`` ticks are computed, whatever
+    the downtime.
+    """
+    after = now_ms - 1_000 if last_ms is None else last_ms
+    limit = s.max_catch_up if s.catch_up == "all" else 1
     due: list[int] = []
-    for tick in ticks_after(s, last_ms):
-        if tick > now_ms:
+    for tick in ticks_until(s, now_ms):
+        if tick <= after or len(due) >= limit:
             break
         due.append(tick)
-        if (s.catch_up == "all" and len(due) > s.max_catch_up) or (
-            s.catch_up != "all" and len(due) > 1
-        ):
-            due.pop(0)
-        if len(due) > 10_000:  # pragma: no cover - bounded by max_catch_up
-            break
+    due.reverse()
     if s.catch_up == "none" and due:
-        period = (next(ticks_after(s, due[-1])) - due[-1]) if due else ON_TIME_MS
-        if now_ms - due[-1] > min(period, ON_TIME_MS):
+        newest = due[-1]
+        period = next(ticks_after(s, newest)) - newest
+        if now_ms - newest > min(period, ON_TIME_MS):
             return []
     return due
 
@@ -123,9 +140,16 @@ class Scheduler:
 
     def __init__(self, app: Fairq) -> None:
         self.app = app
+        #: When this scheduler first saw a schedule that had no claimed tick yet (ms):
+        #: its ticks since then are due even if a call comes late.
+        self._first_seen: dict[str, int] = {}
 
     async def tick(self, rq: RunQueue, *, now_ms: int | None = None) -> int:
-        """Claim every due tick of every schedule; returns how many runs this call enqueued."""
+        """Claim every due tick of every schedule; returns how many runs this call enqueued.
+
+        Costs one ``TIME`` (unless ``now_ms`` is given) and one ``HMGET`` per call, plus one
+        enqueue script call per due tick.
+        """
         schedules = list(self.app.schedules.values())
         if not schedules:
             return 0
@@ -133,7 +157,10 @@ class Scheduler:
         last = await rq.schedule_ticks(self.app.env, [s.name for s in schedules])
         enqueued = 0
         for s in schedules:
-            for tick in due_ticks(s, last.get(s.name), now):
+            claimed = last.get(s.name)
+            if claimed is None:
+                claimed = self._first_seen.setdefault(s.name, now - 1_000)
+            for tick in due_ticks(s, claimed, now):
                 request = EnqueueRequest(
                     env=self.app.env, queue=s.task.queue, run_id=run_id_of(s, tick),
                     payload=s.payload, concurrency_key=s.concurrency_key, tenant=s.tenant,
@@ -145,9 +172,10 @@ class Scheduler:
                     enqueued += 1
         return enqueued
 
-    async def upcoming(self, rq: RunQueue, *, count: int = 3) -> dict[str, list[int]]:
-        """The next ``count`` ticks of every schedule (ms), for ``fairq schedules``."""
-        now = await rq.server_time_ms()
+    def upcoming(self, now_ms: int, *, count: int = 3) -> dict[str, list[int]]:
+        """The next ``count`` ticks of every schedule after ``now_ms`` (ms), for
+        ``fairq schedules``."""
+        now = now_ms
         out: dict[str, list[int]] = {}
         for s in self.app.schedules.values():
             it = ticks_after(s, now)

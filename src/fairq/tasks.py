@@ -9,9 +9,14 @@ the function it wraps, so ``task.trigger(payload)`` checks the payload and
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
+import json
+import time
+import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -22,11 +27,13 @@ from fairq.errors import (
     ConfigurationError,
     InvalidLimitError,
     PayloadError,
+    PermanentError,
     QueueSizeLimitExceededError,
     RunFailedError,
+    TaskTimeoutError,
     short,
 )
-from fairq.models import CancelOutcome, EnqueueRequest, EnqueueStatus
+from fairq.models import CancelOutcome, Delivery, EnqueueRequest, EnqueueStatus
 from fairq.outcomes import RunInfo, RunStatus
 
 if TYPE_CHECKING:
@@ -321,6 +328,8 @@ class Task(Generic[P, R]):
             request = self._request(item)
         except PayloadError as exc:
             raise PayloadError(f"task {self.name!r}: {exc}") from None
+        if self.app.eager:
+            return await self._run_eagerly(request)
         rq = await self.app.queue()
         result = await rq.enqueue_one(request)
         handle = self._handle(result.run_id, result.status, result.queue_size_limit)
@@ -345,9 +354,22 @@ class Task(Generic[P, R]):
                 raise PayloadError(f"task {self.name!r}: {exc}") from None
         if not requests:
             return []
+        if self.app.eager:
+            return [await self._run_eagerly(r) for r in requests]
         rq = await self.app.queue()
         results = await rq.enqueue_many(requests)
         return [self._handle(r.run_id, r.status, r.queue_size_limit) for r in results]
+
+    async def _run_eagerly(self, request: EnqueueRequest) -> RunHandle[R]:
+        """Eager mode: run the triggered run here and now (see :func:`run_eagerly`)."""
+        runs = self.app._eager_runs
+        if request.run_id in runs:
+            return self._handle(request.run_id, EnqueueStatus.DUPLICATE, 0)
+        info = await run_eagerly(self, request)
+        runs[request.run_id] = info
+        while len(runs) > EAGER_RUNS_KEPT:
+            del runs[next(iter(runs))]
+        return self._handle(request.run_id, EnqueueStatus.ENQUEUED, 0)
 
     def trigger_sync(
         self,
@@ -374,3 +396,99 @@ class Task(Generic[P, R]):
     def trigger_many_sync(self, items: Sequence[TriggerItem[P] | P]) -> list[RunHandle[R]]:
         """Blocking :meth:`trigger_many`."""
         return self.app.sync.run(self.trigger_many(items))
+
+
+#: Eager runs whose outcome an eager app keeps (the oldest are forgotten first).
+EAGER_RUNS_KEPT = 10_000
+
+
+class _EagerProgress:
+    """What :class:`fairq.worker.RunContext` reports progress to, in eager mode."""
+
+    def __init__(self) -> None:
+        self._progress: dict[str, tuple[float, str]] = {}
+
+
+def _eager_result(value: Any) -> Any:
+    # a worker stores the result as JSON (a value JSON cannot hold as its str())
+    return json.loads(json.dumps(value, separators=(",", ":"), default=str))
+
+
+async def run_eagerly(task: Task[Any, Any], request: EnqueueRequest) -> RunInfo:
+    """Run one triggered run in this process, at once: what ``Fairq(eager=True)`` does.
+
+    It follows a worker where it can: the payload goes through JSON (an unserialisable
+    payload is refused, the task receives the decoded copy), the result too;
+    :func:`fairq.current_run` works (``attempt``, ``progress``, ``cancelled``); a plain
+    function runs in a thread; the timeout applies (an async task is cancelled, a plain
+    function's thread abandoned); failures are retried by the task's policy, and the
+    last failure ends the run ``dead_lettered`` (``failed`` for a
+    :class:`fairq.PermanentError`, ``timed_out`` for a timeout).
+
+    What differs: there is no server and no queue, so ``delay``, ``priority``, ``ttl``,
+    the concurrency and rate limits and the fair order do not apply (the trigger returns
+    once the run ended); retries do not wait for their backoff; schedules never fire;
+    a run cannot be cancelled (it has ended when the trigger returns); outcomes live in
+    the app's memory (the newest 10,000), whatever ``keep_result`` says.
+    """
+    from fairq.store.validate import payload as encode_payload
+    from fairq.worker import RunContext, _current
+
+    payload_json = encode_payload(request.payload, task.app.config.max_payload_bytes)
+    timeout_ms = request.timeout_ms or task.timeout_ms
+    timeout = None if timeout_ms is None else timeout_ms / 1000
+    enqueued = round(time.time() * 1000)
+    attempt = 0
+    while True:
+        delivery = Delivery(
+            env=request.env, queue=request.queue, run_id=request.run_id,
+            payload_json=payload_json, concurrency_key=request.concurrency_key,
+            attempt=attempt, lease_token=attempt + 1, score_ms=enqueued,
+            enqueued_at_ms=enqueued, tenant=request.tenant, timeout_ms=request.timeout_ms,
+            keep_outcome=request.keep_outcome,
+        )  # fmt: skip
+        context = RunContext(delivery, cast(Any, _EagerProgress()))
+        ctx = contextvars.copy_context()
+        ctx.run(_current.set, context)
+        started = round(time.time() * 1000)
+        status: RunStatus | None = None
+        error: BaseException | None = None
+        try:
+            if task.is_async:
+                inner = asyncio.create_task(
+                    cast(Coroutine[Any, Any, Any], task.fn(json.loads(payload_json))),
+                    context=ctx,
+                )
+                result = await asyncio.wait_for(inner, timeout)
+            else:
+                call = functools.partial(ctx.run, task.fn, json.loads(payload_json))
+                future = asyncio.get_running_loop().run_in_executor(None, call)
+                result = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError as exc:
+            error = exc
+            late = timeout is not None and time.time() * 1000 - started >= timeout * 990
+            if late:
+                error = TaskTimeoutError(request.run_id, cast(float, timeout))
+                status = RunStatus.TIMED_OUT
+        except PermanentError as exc:
+            error, status = exc, RunStatus.FAILED
+        except Exception as exc:
+            error = exc
+        else:
+            return RunInfo(
+                run_id=request.run_id, status=RunStatus.COMPLETED, queue=request.queue,
+                concurrency_key=request.concurrency_key, tenant=request.tenant,
+                attempts=attempt, result=_eager_result(result),
+                started_at_ms=started, finished_at_ms=round(time.time() * 1000),
+            )  # fmt: skip
+        attempt += 1
+        last = attempt >= task.retry.max_attempts
+        if status is RunStatus.FAILED or last:
+            text = "".join(traceback.format_exception_only(type(error), error)).strip()
+            return RunInfo(
+                run_id=request.run_id, status=status or RunStatus.DEAD_LETTERED,
+                queue=request.queue, concurrency_key=request.concurrency_key,
+                tenant=request.tenant, attempts=attempt, error=text,
+                traceback="".join(traceback.format_exception(error)),
+                started_at_ms=started, finished_at_ms=round(time.time() * 1000),
+            )  # fmt: skip
