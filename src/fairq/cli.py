@@ -19,8 +19,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("fairq.commands.sim", "Run fairness scenarios through the real scripts."),
     "bench": ("fairq.commands.bench", "Measure throughput (JSON)."),
     "stats": ("fairq.commands.stats", "Show queues: Queued | Running | limit | paused."),
-    "limits": ("fairq.commands.limits", "Get or set env/queue limits; pause and resume queues."),
-    "dlq": ("fairq.commands.dlq", "List and redrive dead-lettered runs."),
+    "limits": (
+        "fairq.commands.limits",
+        "Get or set limits, scheduling options, caps and weights; pause and resume queues.",
+    ),
+    "dlq": ("fairq.commands.dlq", "List, redrive and delete dead-lettered runs."),
+    "runs": ("fairq.commands.runs", "Show one run, or a queue's recently finished runs."),
     "cancel": ("fairq.commands.cancel", "Cancel queued or dead-lettered runs."),
     "server": ("fairq.commands.server", "Run, inspect or stop the embedded Valkey server."),
 }

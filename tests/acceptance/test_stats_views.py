@@ -106,7 +106,7 @@ async def test_stats_table_shows_the_same_rows(
     assert keys == ["tenant-a", "tenant-b", "tenant-c"]
     reports = next(cells for cells in lines if "reports" in cells)
     # queued running limit size-limit paused: pausing is a flag, not a limit of 0
-    assert reports[reports.index("reports") + 1 :] == ["1", "0", "-", "-", "paused"]
+    assert reports[reports.index("reports") + 1 :] == ["1", "0", "-", "-", "age", "paused"]
 
 
 def test_stats_refuses_a_watch_interval_that_is_not_positive(redis_url: str, prefix: str) -> None:

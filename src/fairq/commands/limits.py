@@ -8,15 +8,23 @@ setting as it is. Pausing is a flag: ``pause`` then ``resume`` keeps the queue's
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import click
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from fairq.commands._common import open_queue, run_async, url_option
+from fairq.commands._common import (
+    console,
+    open_queue,
+    print_json,
+    run_async,
+    url_option,
+    warn_if_unknown,
+)
 from fairq.errors import InvalidLimitError, InvalidNameError
 from fairq.keys import Environment
+from fairq.models import QueueStats
 from fairq.store.admin import Change, env_option, queue_option
 from fairq.store.options import parse_rate
 
@@ -78,13 +86,16 @@ def _change(queue: str | None, name: str, value: object) -> Change:
 @click.group(name="limits")
 def command() -> None:
     """Get or set limits: `fairq limits get ENV [QUEUE]`, `fairq limits set ENV [QUEUE]
-    ...`, `fairq limits pause ENV QUEUE`, `fairq limits resume ENV QUEUE`.
+    ...`, `fairq limits pause ENV QUEUE`, `fairq limits resume ENV QUEUE`, `fairq limits
+    key-cap ENV QUEUE KEY N|none`, `fairq limits tenant-cap ENV QUEUE TENANT N|none`,
+    `fairq limits weight ENV QUEUE KEY W` / `fairq limits weight ENV --tenant T W`.
 
     ENV is org:project:env. Env limits: concurrency (runs in flight across its queues),
     burst factor (one queue may use concurrency x burst), default queue size limit, and
     the default order of its queues. Queue limits: concurrency (per concurrency key when
     runs have keys), size limit, total concurrency (across all its keys), start rate,
-    order, borrowing.
+    order, borrowing; the fair order's max per key, join, quantum, window, charge and
+    arrival cap (on an env: the default of its queues).
     """
 
 
@@ -92,30 +103,58 @@ def _limit(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def queue_limits_json(q: QueueStats) -> dict[str, Any]:
+    return {
+        "queue": q.queue, "concurrency_limit": q.concurrency_limit,
+        "queue_size_limit": q.queue_size_limit,
+        "total_concurrency_limit": q.total_concurrency_limit,
+        "rate": q.rate, "rate_burst": q.rate_burst, "borrow": q.borrow, "order": q.order,
+        "max_per_key": q.max_per_key_per_call, "charge": q.charge, "paused": q.paused,
+        "running": q.running,
+        "keys": [
+            {"key": v.concurrency_key, "tenant": v.tenant, "cap": v.cap, "weight": v.weight}
+            for v in q.variants if v.cap is not None or v.weight != 1.0
+        ],
+    }  # fmt: skip
+
+
 @command.command(name="get")
 @click.argument("env_name", metavar="ENV")
 @click.argument("queue", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @url_option
 @run_async
-async def get_limits(env_name: str, queue: str | None, url: str | None) -> None:
-    """Show an environment's limits and its queues' (or one queue's) limits."""
+async def get_limits(env_name: str, queue: str | None, as_json: bool, url: str | None) -> None:
+    """Show an environment's limits and its queues' (or one queue's) limits and scheduling
+    options; with QUEUE also its keys' caps and weights."""
     env = _env(env_name)
     rq = await open_queue(url)
     try:
+        await warn_if_unknown(rq, env, queue)
         e = await rq.env_stats(env)
         names = [queue] if queue else await rq.queues(env)
-        stats = await rq.queues_stats(env, names) if names else []
+        stats = await rq.queues_stats(env, names, breakdown=queue is not None) if names else []
+        tenants = await rq.tenant_tags(env) if queue is not None else []
     finally:
         await rq.close()
+    if as_json:
+        print_json({
+            "env": env.id, "concurrency_limit": e.concurrency_limit,
+            "burst_factor": e.burst_factor, "queue_size_limit": e.queue_size_limit,
+            "order": e.order, "weight": e.weight, "running": e.running,
+            "queues": [queue_limits_json(q) for q in stats],
+            "tenant_weights": {t.tenant or "": t.weight for t in tenants if t.weight != 1.0},
+        })  # fmt: skip
+        return
     table = Table(title=f"limits of {env}", title_justify="left")
-    table.add_column("Scope")
+    table.add_column("Scope", overflow="fold")
     for name in ("Concurrency", "Burst", "Size limit", "Total", "Rate/s", "Running"):
         table.add_column(name, justify="right")
-    for name in ("Order", "Paused"):
+    for name in ("Order", "Max/key", "Charge", "Paused"):
         table.add_column(name)
     table.add_row(
         "env", str(e.concurrency_limit), f"{e.burst_factor:g}", _limit(e.queue_size_limit),
-        "", "", str(e.running), e.order, "",
+        "", "", str(e.running), e.order, "", "", "",
     )  # fmt: skip
     for q in stats:
         rate = (
@@ -125,7 +164,7 @@ async def get_limits(env_name: str, queue: str | None, url: str | None) -> None:
             + (f" (burst {q.rate_burst})" if q.rate_burst and q.rate_burst > 1 else "")
         )
         table.add_row(
-            f"queue {q.queue}",
+            f"queue {escape(q.queue)}",
             _limit(q.concurrency_limit),
             "borrow" if q.borrow else "",
             _limit(q.queue_size_limit),
@@ -133,9 +172,29 @@ async def get_limits(env_name: str, queue: str | None, url: str | None) -> None:
             rate,
             str(q.running),
             q.order,
+            _limit(q.max_per_key_per_call),
+            q.charge,
             "paused" if q.paused else "",
         )
-    Console(emoji=False, highlight=False, width=160).print(table)
+    out = console()
+    out.print(table)
+    keyed = [v for q in stats for v in q.variants if v.cap is not None or v.weight != 1.0]
+    if keyed:
+        keys = Table(title="keys with their own cap or weight", title_justify="left")
+        for name in ("Key", "Tenant", "Cap", "Weight"):
+            keys.add_column(name, overflow="fold")
+        for v in keyed:
+            keys.add_row(escape(v.concurrency_key), escape(v.tenant or ""), _limit(v.cap),
+                         f"{v.weight:g}")  # fmt: skip
+        out.print(keys)
+    weighted = [t for t in tenants if t.weight != 1.0]
+    if weighted:
+        tw = Table(title="tenant weights", title_justify="left")
+        tw.add_column("Tenant", overflow="fold")
+        tw.add_column("Weight", justify="right")
+        for t in weighted:
+            tw.add_row(escape(t.tenant or "(default)"), f"{t.weight:g}")
+        out.print(tw)
 
 
 @command.command(name="set")
@@ -149,6 +208,18 @@ async def get_limits(env_name: str, queue: str | None, url: str | None) -> None:
 @click.option("--rate", default=None, help="Queue: start rate, e.g. 100/s, 30/m, 5/h.")
 @click.option("--rate-burst", type=int, default=None, help="Queue: starts allowed at once.")
 @click.option("--borrow/--no-borrow", default=None, help="Queue: capped keys borrow idle slots.")
+@click.option("--max-per-key", default=None, help="Runs one dequeue call takes from one key.")
+@click.option(
+    "--join", default=None, help="Fair order: where a new key starts (floor, behind_leader)."
+)
+@click.option("--quantum", default=None, help="Fair order: virtual time charged per run.")
+@click.option("--window", default=None, help="Fair order: candidates considered per run asked for.")
+@click.option(
+    "--charge", default=None, help="Fair order: charge per run (count) or run time (duration)."
+)
+@click.option(
+    "--arrival-cap", default=None, help="Fair order: how far above the floor a key may start."
+)
 @url_option
 @run_async
 async def set_limits(
@@ -162,6 +233,12 @@ async def set_limits(
     rate: str | None,
     rate_burst: int | None,
     borrow: bool | None,
+    max_per_key: str | None,
+    join: str | None,
+    quantum: str | None,
+    window: str | None,
+    charge: str | None,
+    arrival_cap: str | None,
     url: str | None,
 ) -> None:
     """Set env limits (no QUEUE) or a queue's limits, all at once or none.
@@ -171,11 +248,14 @@ async def set_limits(
     fairq limits set acme:shop:prod emails --concurrency 5 --size-limit 500 --order fair
     fairq limits set acme:shop:prod emails --rate 20/s --rate-burst 5 --total 40
     fairq limits set acme:shop:prod emails --size-limit none   # only the size limit goes
+    fairq limits set acme:shop:prod emails --order fair --quantum 2 --window 4 --join floor
     """
     env = _env(env_name)
     given = {
         "--concurrency": concurrency, "--burst": burst, "--size-limit": size_limit,
-        "--order": order, "--total": total, "--rate": rate,
+        "--order": order, "--total": total, "--rate": rate, "--max-per-key": max_per_key,
+        "--join": join, "--quantum": quantum, "--window": window, "--charge": charge,
+        "--arrival-cap": arrival_cap,
     }  # fmt: skip
     if all(v is None for v in given.values()) and rate_burst is None and borrow is None:
         raise click.UsageError("nothing to set: give at least one limit (see --help)")
@@ -213,11 +293,24 @@ async def set_limits(
             add("burst_factor", value, f"burst {value:g}")
     integer("--size-limit", "max_queue_size" if queue is None else "max_size", size_limit,
             "size limit")  # fmt: skip
-    if order is not None:
-        if _cleared(order):
-            add("order", None, "order removed")
+    for name, raw in (("order", order), ("join", join), ("charge", charge)):
+        if raw is None:
+            continue
+        if _cleared(raw):
+            add(name, None, f"{name} removed")
         else:
-            add("order", order.strip().lower(), f"order {order.strip().lower()}")
+            add(name, raw.strip().lower(), f"{name} {raw.strip().lower()}")
+    integer("--max-per-key", "max_per_key", max_per_key, "max per key")
+    integer("--window", "window", window, "window")
+    for flag, name, raw in (("--quantum", "quantum", quantum),
+                            ("--arrival-cap", "arrival_cap", arrival_cap)):  # fmt: skip
+        if raw is None:
+            continue
+        if _cleared(raw):
+            add(name, None, f"{name.replace('_', ' ')} removed")
+        else:
+            number = _number(raw, flag, float)
+            add(name, number, f"{name.replace('_', ' ')} {number:g}")
     integer("--total", "total", total, "total")
     if rate is not None:
         if _cleared(rate):
@@ -283,25 +376,98 @@ async def resume(env_name: str, queue: str, concurrency: int | None, url: str | 
     )
 
 
+def _weight_value(raw: str | None) -> float | None:
+    try:
+        return None if raw is None or _cleared(raw) else float(raw)
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r} is not a number or 'none'", param_hint="WEIGHT"
+        ) from None
+
+
+def _cap_value(raw: str) -> int | None:
+    if _cleared(raw):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise click.BadParameter(f"{raw!r} is not an integer or 'none'", param_hint="N") from None
+
+
 @command.command(name="weight")
+@click.argument("env_name", metavar="ENV")
+@click.argument("args", nargs=-1, metavar="[QUEUE KEY] [WEIGHT]")
+@click.option("--tenant", default=None, help="Weight this tenant (environment-wide) instead.")
+@url_option
+@run_async
+async def weight(env_name: str, args: tuple[str, ...], tenant: str | None, url: str | None) -> None:
+    """Weight a concurrency key of a queue, or a tenant across the environment, in the
+    fair order (2 = twice the share; omit WEIGHT or give 'none' to reset to 1).
+
+    \b
+    fairq limits weight acme:shop:prod emails tenant-42 2
+    fairq limits weight acme:shop:prod --tenant acme 3
+    """
+    env = _env(env_name)
+    if tenant is not None:
+        if len(args) > 1:
+            raise click.UsageError("with --tenant give only ENV [WEIGHT]")
+        value = _weight_value(args[0] if args else None)
+    else:
+        if len(args) not in (2, 3):
+            raise click.UsageError("give ENV QUEUE KEY [WEIGHT], or ENV --tenant T [WEIGHT]")
+        value = _weight_value(args[2] if len(args) == 3 else None)
+    rq = await open_queue(url)
+    try:
+        if tenant is not None:
+            await rq.set_tenant_weight(env, tenant, value)
+        else:
+            await rq.set_concurrency_key_weight(env, args[0], args[1], value)
+    finally:
+        await rq.close()
+    shown = value if value is not None else 1
+    if tenant is not None:
+        click.echo(f"{env} tenant {tenant!r}: weight {shown:g}")
+    else:
+        click.echo(f"{env} {args[0]} key {args[1]!r}: weight {shown:g}")
+
+
+@command.command(name="key-cap")
 @click.argument("env_name", metavar="ENV")
 @click.argument("queue")
 @click.argument("key")
-@click.argument("weight", required=False)
+@click.argument("cap", metavar="N|none")
 @url_option
 @run_async
-async def weight(env_name: str, queue: str, key: str, weight: str | None, url: str | None) -> None:
-    """Weight a concurrency key in the fair order (2 = twice the share); omit to reset."""
+async def key_cap(env_name: str, queue: str, key: str, cap: str, url: str | None) -> None:
+    """Cap one concurrency key's runs in flight (an override of the queue's per-key
+    limit); 'none' restores the queue's limit."""
     env = _env(env_name)
-    try:
-        value = None if weight is None or _cleared(weight) else float(weight)
-    except ValueError:
-        raise click.BadParameter(
-            f"{weight!r} is not a number or 'none'", param_hint="WEIGHT"
-        ) from None
+    value = _cap_value(cap)
     rq = await open_queue(url)
     try:
-        await rq.set_concurrency_key_weight(env, queue, key, value)
+        await rq.set_key_concurrency(env, queue, key, value)
     finally:
         await rq.close()
-    click.echo(f"{env} {queue} key {key!r}: weight {value if value is not None else 1}")
+    said = "the queue's limit" if value is None else str(value)
+    click.echo(f"{env} {queue} key {key!r}: cap {said}")
+
+
+@command.command(name="tenant-cap")
+@click.argument("env_name", metavar="ENV")
+@click.argument("queue")
+@click.argument("tenant")
+@click.argument("cap", metavar="N|none")
+@url_option
+@run_async
+async def tenant_cap(env_name: str, queue: str, tenant: str, cap: str, url: str | None) -> None:
+    """Cap one tenant's runs in flight in a queue, across its keys; 'none' removes it."""
+    env = _env(env_name)
+    value = _cap_value(cap)
+    rq = await open_queue(url)
+    try:
+        await rq.set_tenant_concurrency(env, queue, tenant, value)
+    finally:
+        await rq.close()
+    said = "none" if value is None else str(value)
+    click.echo(f"{env} {queue} tenant {tenant!r}: cap {said}")

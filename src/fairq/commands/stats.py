@@ -7,27 +7,48 @@ import json
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fairq.commands._common import open_queue, run_async, url_option
-from fairq.dashboard.views import Overview, load_overview
-from fairq.keys import Environment
+from fairq.commands._common import (
+    console,
+    fmt_time,
+    open_queue,
+    parse_env,
+    run_async,
+    url_option,
+    warn_if_unknown,
+)
+from fairq.dashboard.views import Overview, QueueView, format_wait, load_overview
 
 
 def _limit(value: int | None) -> str:
     return "-" if value is None or value >= 1_000_000_000 else str(value)
 
 
+def _due(q: QueueView, now_ms: int) -> str:
+    if not q.delayed:
+        return ""
+    if q.next_due_ms is None:
+        return str(q.delayed)
+    due = fmt_time(q.next_due_ms)[11:]
+    return f"{q.delayed} (due {due}, in {format_wait((q.next_due_ms - now_ms) / 1000)})"
+
+
+def _tag(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def render(data: Overview, *, breakdown: bool = False) -> Table:
     """The stats table (the same numbers as the dashboard's overview)."""
     table = Table(title="fairq queues", title_justify="left")
-    for name in ("Env", "Queue"):
-        table.add_column(name)
+    table.add_column("Env", overflow="fold")
+    table.add_column("Queue", overflow="fold")
     for name in ("Queued", "Running", "Limit", "Size limit"):  # queue limit: per key
         table.add_column(name, justify="right")
+    table.add_column("Delayed", overflow="fold")
+    table.add_column("Order")
     table.add_column("Paused")
     for e in data.environments:
         table.add_row(
@@ -38,6 +59,8 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
             f"{e.concurrency_limit}" + (f" x{e.burst_factor:g}" if e.burst_factor != 1 else ""),
             _limit(e.queue_size_limit),
             "",
+            e.order,
+            "",
         )
         for q in e.queues:
             table.add_row(
@@ -47,12 +70,18 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
                 str(q.running),
                 _limit(q.concurrency_limit),
                 _limit(q.queue_size_limit),
+                _due(q, data.now_ms),
+                q.order,
                 "[red]paused[/]" if q.paused else "",
             )
             if breakdown:
                 for v in q.variants:
                     key = f"  [dim]key[/] {escape(v.key)}"
-                    table.add_row("", key, str(v.queued), str(v.running), "", "", "")
+                    extra = ""
+                    if q.order == "fair":
+                        extra = f"tag {_tag(v.virtual_tag)} w {v.weight:g}"
+                    cap = "" if v.cap is None else f"cap {v.cap}"
+                    table.add_row("", key, str(v.queued), str(v.running), cap, "", "", extra, "")
     if not data.environments:
         table.caption = "no environments yet: trigger a run first"
     return table
@@ -83,25 +112,28 @@ async def command(
     as_json_flag: bool,
     watch: float | None,
 ) -> None:
-    """Show every environment's queues: Queued | Running | limit | size limit | paused.
+    """Show every environment's queues: Queued | Running | limit | size limit | delayed
+    (with when the first is due) | order | paused.
 
     Counts include every concurrency key of a queue (keys busiest first with -k). The env
     row shows the env's own running count, concurrency limit (x burst factor) and default
     size limit; "-" means none. The same numbers as the dashboard's overview.
     """
-    env = Environment.parse(env_name) if env_name else None
+    env = parse_env(env_name) if env_name else None
     rq = await open_queue(url)
     try:
+        if env is not None:
+            await warn_if_unknown(rq, env)
         if as_json_flag:
             data = await load_overview(rq, env=env, breakdown=True)
             click.echo(json.dumps(as_json(data), indent=2))
             return
-        console = Console(emoji=False, highlight=False)
+        out = console()
         if watch is None:
             data = await load_overview(rq, env=env, breakdown=breakdown)
-            console.print(render(data, breakdown=breakdown))
+            out.print(render(data, breakdown=breakdown))
             return
-        with Live(console=console, auto_refresh=False) as live:
+        with Live(console=out, auto_refresh=False) as live:
             while True:
                 data = await load_overview(rq, env=env, breakdown=breakdown)
                 live.update(render(data, breakdown=breakdown), refresh=True)

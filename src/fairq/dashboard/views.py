@@ -118,6 +118,14 @@ class QueueView:
     rate: float | None = None
     #: Queued runs not due yet (delayed, backing off).
     delayed: int = 0
+    #: When the first queued run is due (ms), when every queued run is still delayed.
+    next_due_ms: int | None = None
+    #: Runs one dequeue call takes from one key.
+    max_per_key: int | None = None
+    #: ``count`` or ``duration`` (what the fair order charges per run).
+    charge: str = "count"
+    #: Capped keys / tenants may borrow idle slots.
+    borrow: bool = False
 
     @classmethod
     def of(cls, stats: QueueStats, now_ms: int) -> QueueView:
@@ -135,6 +143,12 @@ class QueueView:
             total_concurrency_limit=stats.total_concurrency_limit,
             rate=stats.rate,
             delayed=stats.delayed,
+            next_due_ms=stats.oldest_score_ms
+            if stats.oldest_score_ms is not None and stats.oldest_score_ms > now_ms
+            else None,
+            max_per_key=stats.max_per_key_per_call,
+            charge=stats.charge,
+            borrow=stats.borrow,
         )
 
     def to_json(self, *, keys: bool = False) -> dict[str, Any]:
@@ -151,6 +165,10 @@ class QueueView:
             "total_concurrency_limit": self.total_concurrency_limit,
             "rate": self.rate,
             "delayed": self.delayed,
+            "next_due_ms": self.next_due_ms,
+            "max_per_key": self.max_per_key,
+            "charge": self.charge,
+            "borrow": self.borrow,
         }
         if keys:
             row["keys"] = [v.to_json() for v in self.variants]

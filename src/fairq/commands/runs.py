@@ -1,0 +1,154 @@
+"""``fairq runs``: one run in detail (``show``) and a queue's recently finished runs
+(``recent``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from fairq.commands._common import (
+    console,
+    fmt_time,
+    open_queue,
+    parse_env,
+    print_json,
+    run_async,
+    url_option,
+    warn_if_unknown,
+)
+from fairq.outcomes import RunInfo
+from fairq.store import RecentRun
+
+
+def run_json(info: RunInfo) -> dict[str, Any]:
+    """A run as the JSON of ``fairq runs show --json`` (and the dashboard's run page)."""
+    return {
+        "run_id": info.run_id,
+        "status": info.status.value,
+        "queue": info.queue,
+        "concurrency_key": info.concurrency_key,
+        "tenant": info.tenant,
+        "attempts": info.attempts,
+        "enqueued_at_ms": info.enqueued_at_ms,
+        "due_at_ms": info.due_at_ms,
+        "started_at_ms": info.started_at_ms,
+        "finished_at_ms": info.finished_at_ms,
+        "duration_ms": info.duration_ms,
+        "payload": info.payload_json,
+        "result": info.result,
+        "error": info.error,
+        "traceback": info.traceback,
+        "cancel_requested": info.cancel_requested,
+        "progress": None if info.progress is None else list(info.progress),
+    }
+
+
+def recent_json(r: RecentRun) -> dict[str, Any]:
+    return {
+        "run_id": r.run_id,
+        "status": r.status.value,
+        "finished_at_ms": r.finished_at_ms,
+        "attempts": r.attempts,
+        "duration_ms": r.duration_ms,
+        "concurrency_key": r.concurrency_key,
+        "tenant": r.tenant,
+    }
+
+
+@click.group(name="runs")
+def command() -> None:
+    """Runs: `fairq runs show ENV RUN_ID`, `fairq runs recent ENV QUEUE`."""
+
+
+@command.command(name="show")
+@click.argument("env_name", metavar="ENV")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@url_option
+@run_async
+async def show(env_name: str, run_id: str, as_json: bool, url: str | None) -> None:
+    """A run's status, payload, attempts, timings, key, tenant and last error with its
+    traceback. Exits 1 when fairq knows nothing of the run."""
+    env = parse_env(env_name)
+    rq = await open_queue(url)
+    try:
+        info = await rq.get_run(env, run_id)
+        if info is None:
+            await warn_if_unknown(rq, env)
+    finally:
+        await rq.close()
+    if info is None:
+        if as_json:
+            print_json(None)
+        raise click.ClickException(
+            f"no run {run_id!r} in {env.id} (never enqueued, completed without a kept "
+            "result, or its outcome's retention passed)"
+        )
+    if as_json:
+        print_json(run_json(info))
+        return
+    out = console()
+    rows = [
+        ("run", info.run_id), ("status", info.status.value), ("queue", info.queue or "-"),
+        ("key", info.concurrency_key or "-"), ("tenant", info.tenant or "-"),
+        ("attempts", str(info.attempts)), ("enqueued", fmt_time(info.enqueued_at_ms)),
+        ("due", fmt_time(info.due_at_ms)), ("started", fmt_time(info.started_at_ms)),
+        ("finished", fmt_time(info.finished_at_ms)),
+        ("duration", "-" if info.duration_ms is None else f"{info.duration_ms} ms"),
+    ]  # fmt: skip
+    if info.cancel_requested:
+        rows.append(("cancel", "requested"))
+    if info.progress is not None:
+        rows.append(("progress", f"{info.progress[0]:.0%} {info.progress[1]}".strip()))
+    if info.payload_json is not None:
+        rows.append(("payload", info.payload_json))
+    if info.result is not None:
+        rows.append(("result", repr(info.result)))
+    if info.error:
+        rows.append(("error", info.error))
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for name, value in rows:
+        table.add_row(name, escape(value))
+    out.print(table)
+    if info.traceback:
+        out.print("[bold]traceback[/]")
+        out.print(escape(info.traceback.rstrip()), soft_wrap=True)
+
+
+@command.command(name="recent")
+@click.argument("env_name", metavar="ENV")
+@click.argument("queue")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@url_option
+@run_async
+async def recent(env_name: str, queue: str, limit: int, as_json: bool, url: str | None) -> None:
+    """A queue's most recently finished runs, newest first."""
+    env = parse_env(env_name)
+    rq = await open_queue(url)
+    try:
+        runs = await rq.recent_runs(env, queue, limit=limit)
+        if not runs:
+            await warn_if_unknown(rq, env, queue)
+    finally:
+        await rq.close()
+    if as_json:
+        print_json([recent_json(r) for r in runs])
+        return
+    table = Table(title=f"recent runs of {env.id} {queue}", title_justify="left")
+    for name in ("Run", "Status", "Finished", "Attempts", "Duration", "Key", "Tenant"):
+        table.add_column(name, overflow="fold", justify="right" if name == "Attempts" else "left")
+    for r in runs:
+        table.add_row(
+            r.run_id, r.status.value, fmt_time(r.finished_at_ms), str(r.attempts),
+            "-" if r.duration_ms is None else f"{r.duration_ms} ms",
+            escape(r.concurrency_key or ""), escape(r.tenant or ""),
+        )  # fmt: skip
+    if not runs:
+        table.caption = "no finished runs kept"
+    console().print(table)
