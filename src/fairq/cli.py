@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dlq": ("fairq.commands.dlq", "List, redrive and delete dead-lettered runs."),
     "runs": ("fairq.commands.runs", "Show one run, or a queue's recently finished runs."),
     "cancel": ("fairq.commands.cancel", "Cancel queued or dead-lettered runs."),
+    "schedules": ("fairq.commands.schedules", "List an app's schedules and their next runs."),
     "server": ("fairq.commands.server", "Run, inspect or stop the embedded Valkey server."),
 }
 

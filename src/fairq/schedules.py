@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from fairq.errors import ConfigurationError
-from fairq.models import EnqueueRequest
+from fairq.models import EnqueueRequest, EnqueueStatus
 
 if TYPE_CHECKING:
     from fairq.app import Fairq, Schedule
@@ -168,7 +168,7 @@ class Scheduler:
                     keep_outcome=bool(s.task.keep_result),
                 )  # fmt: skip
                 result = await rq.enqueue_tick(s.name, tick, request, now_ms=now_ms)
-                if result is not None:
+                if result is not None and result.status is EnqueueStatus.ENQUEUED:
                     enqueued += 1
         return enqueued
 
