@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from fairq import keys as K
+from fairq import telemetry
 from fairq.config import RetryPolicy
 from fairq.errors import (
     ConfigurationError,
@@ -331,7 +332,8 @@ class Task(Generic[P, R]):
         if self.app.eager:
             return await self._run_eagerly(request)
         rq = await self.app.queue()
-        result = await rq.enqueue_one(request)
+        with telemetry.trigger_span([request]):
+            result = await rq.enqueue_one(telemetry.with_trace_context(request))
         handle = self._handle(result.run_id, result.status, result.queue_size_limit)
         if handle.error is not None:
             raise handle.error
@@ -357,7 +359,8 @@ class Task(Generic[P, R]):
         if self.app.eager:
             return [await self._run_eagerly(r) for r in requests]
         rq = await self.app.queue()
-        results = await rq.enqueue_many(requests)
+        with telemetry.trigger_span(requests):
+            results = await rq.enqueue_many([telemetry.with_trace_context(r) for r in requests])
         return [self._handle(r.run_id, r.status, r.queue_size_limit) for r in results]
 
     async def _run_eagerly(self, request: EnqueueRequest) -> RunHandle[R]:
