@@ -135,16 +135,20 @@ def test_each_script_reads_only_the_context_it_declares() -> None:
 
 
 def test_the_python_context_matches_the_lua_bindings_slot_by_slot() -> None:
+    """``now`` has its own slot; the other names share one space-separated slot, bound
+    word by word in the declared order."""
     names = ("now", "counter_ttl", "default_burst_factor", "wake_channel")
     lua = lua_bindings(names)
-    for i, name in enumerate(names, start=1):
-        assert f"C.{name} = " in lua
-        assert f"ARGV[{i}]" in lua
-    assert f"local FIRST_ARG = {len(names) + 1}" in lua
+    assert "C.now = tonumber(ARGV[1])" in lua
+    assert "string.gmatch(ARGV[2] or ''" in lua
+    for i, name in enumerate(names[1:], start=1):
+        assert f"C.{name} = " in lua and f"packed[{i}]" in lua
+    assert "local FIRST_ARG = 3" in lua
+    assert "local FIRST_ARG = 2" in lua_bindings(("counter_ttl",))
     from fairq.config import RunQueueConfig
 
     ctx = ScriptContext.from_config(RunQueueConfig(), "p:wake")
-    assert ctx.argv(names, 123) == ["123", "86400", "1.0", "p:wake"]
+    assert ctx.argv(names, 123) == ["123", "86400 1.0 p:wake"]
     assert ctx.argv(names, None)[0] == ""  # the server's clock
 
 
@@ -198,7 +202,9 @@ async def test_a_bad_context_argument_is_refused_by_the_script_before_any_write(
     e = rq.keys.env(env)
     script = registry().get("enqueue", "age")
     args = rq._context.argv(script.context, 1_000)
-    args[script.context.index("counter_ttl")] = "not-a-number"
+    words = args[1].split(" ")
+    words[script.context.index("counter_ttl") - 1] = "not-a-number"  # after 'now'
+    args[1] = " ".join(words)
     run = ["r1", "", "", "", "0", "0", "0", "{}", "", "0"]
     with pytest.raises(InvalidLimitError):
         await script(rq.client, [rq.keys.tag_of(env)], [*args, env.id, "q", "", "0", *run])

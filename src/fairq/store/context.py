@@ -4,9 +4,9 @@
 names it uses in its header (``--@context now counter_ttl``); the loader generates, for
 that script only, the Lua bindings ``C.<name>`` that read and check those ARGV slots
 (numbers must be numbers before anything is written), and :meth:`ScriptContext.argv`
-encodes exactly those values in the same order. So a script receives only the context
-it uses, and a name or type mismatch between the two sides fails at load time, not as a
-silently misread slot.
+encodes exactly those values in the same order (``now`` in the first slot, the rest in
+one space-separated slot). So a script receives only the context it uses, and a name or
+type mismatch between the two sides fails at load time, not as a silently misread slot.
 
 ``now`` is special: an empty string means "the server's clock" (the script reads
 ``TIME``); tests and the simulator pass an explicit logical clock in milliseconds.
@@ -14,7 +14,7 @@ silently misread slot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from fairq.config import RunQueueConfig
@@ -65,6 +65,10 @@ class ScriptContext:
     default_charge: str
     charge_unit_ms: int
     recent_runs: int
+    #: The packed slot per set of names (the values never change in a process).
+    _packed_by_names: dict[tuple[str, ...], str] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def from_config(cls, config: RunQueueConfig, wake_channel: str) -> ScriptContext:
@@ -89,41 +93,73 @@ class ScriptContext:
         )
 
     def argv(self, names: tuple[str, ...], now_ms: int | None) -> list[str]:
-        """The ARGV prefix for a script that declared ``names`` (in CONTEXT_FIELDS order)."""
+        """The ARGV prefix for a script that declared ``names`` (in CONTEXT_FIELDS order):
+        ``now`` (if declared) in its own slot, then every other value in one slot,
+        space-separated and built once per set of names (it never changes in a process),
+        so a call encodes two context arguments instead of one per name."""
         out: list[str] = []
-        for name in names:
-            if name == "now":
-                out.append("" if now_ms is None else str(int(now_ms)))
-                continue
-            value = getattr(self, name)
-            out.append(repr(float(value)) if _KINDS[name] == "float" else str(value))
+        if names and names[0] == "now":
+            out.append("" if now_ms is None else str(int(now_ms)))
+            names = names[1:]
+        if names:
+            out.append(self._packed(names))
         return out
+
+    def _packed(self, names: tuple[str, ...]) -> str:
+        cache = self._packed_by_names
+        packed = cache.get(names)
+        if packed is None:
+            values = []
+            for name in names:
+                value = getattr(self, name)
+                text = repr(float(value)) if _KINDS[name] == "float" else str(value)
+                if not text or any(c.isspace() for c in text):
+                    raise ValueError(f"context {name} {text!r} must be one word")
+                values.append(text)
+            packed = cache[names] = " ".join(values)
+        return packed
 
 
 def lua_bindings(names: tuple[str, ...]) -> str:
-    """The Lua that binds and checks ``C.<name>`` for a script's declared context names."""
+    """The Lua that binds and checks ``C.<name>`` for a script's declared context names:
+    ``now`` from its own slot, the others from one space-separated slot."""
     lines = ["-- generated from fairq/store/context.py: this script's context", "local C = {}"]
-    for i, name in enumerate(names, start=1):
-        kind = _KINDS[name]
-        if kind == "clock":
-            lines += [
-                f"if ARGV[{i}] == '' then",
-                "  local t = redis.call('TIME')",
-                f"  C.{name} = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
-                "else",
-                f"  C.{name} = tonumber(ARGV[{i}])",
-                "end",
-            ]
-        elif kind == "str":
-            lines.append(f"C.{name} = ARGV[{i}]")
-            continue
-        else:
-            lines.append(f"C.{name} = tonumber(ARGV[{i}])")
-        lines.append(
-            f"if C.{name} == nil or C.{name} ~= C.{name} then "
-            f"error({{err = 'FQ2 context {name} is not a number'}}) end"
-        )
-    lines.append(f"local FIRST_ARG = {len(names) + 1}")
+    slot = 1
+    if names and names[0] == "now":
+        lines += [
+            "if ARGV[1] == '' then",
+            "  local t = redis.call('TIME')",
+            "  C.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+            "else",
+            "  C.now = tonumber(ARGV[1])",
+            "end",
+            "if C.now == nil or C.now ~= C.now then",
+            "  error({err = 'FQ2 context now is not a number'})",
+            "end",
+        ]
+        slot = 2
+        names = names[1:]
+    if names:
+        lines += [
+            "local packed = {}",
+            f"for word in string.gmatch(ARGV[{slot}] or '', '%S+') do",
+            "  packed[#packed + 1] = word",
+            "end",
+            f"if #packed ~= {len(names)} then",
+            f"  error({{err = 'FQ2 context needs {len(names)} values'}})",
+            "end",
+        ]
+        for i, name in enumerate(names, start=1):
+            if _KINDS[name] == "str":
+                lines.append(f"C.{name} = packed[{i}]")
+                continue
+            lines.append(f"C.{name} = tonumber(packed[{i}])")
+            lines.append(
+                f"if C.{name} == nil or C.{name} ~= C.{name} then "
+                f"error({{err = 'FQ2 context {name} is not a number'}}) end"
+            )
+        slot += 1
+    lines.append(f"local FIRST_ARG = {slot}")
     return "\n".join(lines)
 
 
