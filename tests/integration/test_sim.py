@@ -213,7 +213,8 @@ def test_the_cli_lists_runs_and_writes_json_and_plots(
     ]  # fmt: skip
     assert set(records[0]) == {
         "scenario", "discipline", "seed", "groups", "tenants", "makespan",
-        "contention_worst_share", "enqueued", "served", "duplicates", "commands_per_serve",
+        "contention_worst_share", "worst_key_mean_wait", "enqueued", "served", "duplicates",
+        "commands_per_serve",
     }  # fmt: skip
     assert set(records[0]["groups"]["a"]) == {
         "mean_wait", "p50_wait", "p99_wait", "max_wait", "first_serve_step", "served",

@@ -42,6 +42,19 @@ def test_every_new_field_is_reported_in_schema_order() -> None:
     assert fields_in_use(s, parse_discipline("sfq:charge=count")) == names[:-1]
 
 
+def test_the_borrow_option_overrides_the_scenario() -> None:
+    s = loads_scenario(EVERYTHING)
+    assert "borrow" not in fields_in_use(s, parse_discipline("sfq:borrow=false"))
+    skew = resolve_scenario("ckSkew")
+    lent = parse_discipline("age:per_key_cap=2,borrow=true")
+    assert lent.spec == "age:borrow=true,per_key_cap=2"
+    assert lent.borrow(False) and not parse_discipline("age").borrow(False)
+    assert fields_in_use(skew, lent) == ["borrow"]
+    assert discipline_label(skew, lent) == "age:borrow=true,per_key_cap=2"
+    with pytest.raises(ValueError, match="borrow='maybe' must be true or false"):
+        parse_discipline("sfq:borrow=maybe")
+
+
 def test_scenarios_without_the_new_fields_keep_their_labels() -> None:
     old = {
         "balanced", "adversarialSkew", "weighted", "burst", "longHold", "trickleStale",

@@ -218,11 +218,24 @@ def test_one_group_of_many_keys_is_not_contended_between_groups() -> None:
     assert groups["G"]["contention_share"] == 1.0
 
 
+def test_worst_key_mean_wait_is_the_worst_single_key() -> None:
+    # group G: key a waits 0 and 0, key b waits 4; the group mean (4/3) hides b
+    trace = trace_of(
+        [("a0", "a", "G", 0, 0, 1), ("a1", "a", "G", 1, 1, 1), ("b0", "b", "G", 0, 4, 1)]
+    )
+    r = rec(trace)
+    groups = r["groups"]
+    assert isinstance(groups, dict)
+    assert groups["G"]["mean_wait"] == round(4 / 3, 3)
+    assert r["worst_key_mean_wait"] == 4.0
+
+
 def test_record_shape() -> None:
     r = rec(trace_of([("a0", "a", "A", 0, 0, 1), ("b0", "b", "B", 0, 0, 1)]))
     assert list(r) == [
         "scenario", "discipline", "seed", "groups", "tenants", "makespan",
-        "contention_worst_share", "enqueued", "served", "duplicates", "commands_per_serve",
+        "contention_worst_share", "worst_key_mean_wait", "enqueued", "served", "duplicates",
+        "commands_per_serve",
     ]  # fmt: skip
     groups, tenants = r["groups"], r["tenants"]
     assert isinstance(groups, dict) and isinstance(tenants, dict)

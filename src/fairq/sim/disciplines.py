@@ -22,6 +22,8 @@ max_per_key_per_call     age, sfq               serves per variant per call (def
                                                 the store's: age 1, sfq the whole call)
 per_key_cap              all                    real per-key gate (0 = none)
 total_cap                all                    real total gate per base queue (0 = none)
+borrow                   all                    ``true`` | ``false``: capped keys may borrow
+                                                idle slots (overrides the scenario's)
 target, interval         codel                  standing-delay target and interval (steps)
 =======================  =====================  =============================================
 """
@@ -37,7 +39,13 @@ MODELS = ("drr", "stride")
 NAMES = (*REAL, *MODELS, "codel")
 
 _OPTIONS: dict[str, dict[str, type]] = {
-    "age": {"window": int, "max_per_key_per_call": int, "per_key_cap": int, "total_cap": int},
+    "age": {
+        "window": int,
+        "max_per_key_per_call": int,
+        "per_key_cap": int,
+        "total_cap": int,
+        "borrow": bool,
+    },
     "sfq": {
         "join": str,
         "arrival_cap": float,
@@ -47,9 +55,10 @@ _OPTIONS: dict[str, dict[str, type]] = {
         "max_per_key_per_call": int,
         "per_key_cap": int,
         "total_cap": int,
+        "borrow": bool,
     },
-    "drr": {"quantum": float, "per_key_cap": int, "total_cap": int},
-    "stride": {"per_key_cap": int, "total_cap": int},
+    "drr": {"quantum": float, "per_key_cap": int, "total_cap": int, "borrow": bool},
+    "stride": {"per_key_cap": int, "total_cap": int, "borrow": bool},
 }
 _CODEL_OPTIONS: dict[str, type] = {"target": int, "interval": int}
 
@@ -94,6 +103,13 @@ class Discipline:
         assert isinstance(value, int)
         return value
 
+    def borrow(self, default: bool) -> bool:
+        """Whether capped keys and tenants may borrow idle slots: the ``borrow`` option,
+        else ``default`` (the scenario's)."""
+        value = self.options.get("borrow", default)
+        assert isinstance(value, bool)
+        return value
+
     def charge(self, default: str) -> str:
         """How a serve is charged in the fair order: the ``charge`` option, else
         ``default`` (the scenario's)."""
@@ -103,6 +119,8 @@ class Discipline:
 
 
 def _fmt(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -111,7 +129,11 @@ def _fmt(value: object) -> str:
 def _convert(name: str, option: str, raw: str, kind: type) -> object:
     value: object = raw
     try:
-        if kind is int:
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            value = raw.lower() in ("true", "1")
+        elif kind is int:
             number = int(raw)
             if number < 0:
                 raise ValueError
@@ -122,8 +144,10 @@ def _convert(name: str, option: str, raw: str, kind: type) -> object:
                 raise ValueError
             value = real
     except ValueError:
-        expected = "non-negative integer" if kind is int else "positive number"
-        raise DisciplineError(f"{name}: option {option}={raw!r} must be a {expected}") from None
+        expected = {int: "a non-negative integer", bool: "true or false"}.get(
+            kind, "a positive number"
+        )
+        raise DisciplineError(f"{name}: option {option}={raw!r} must be {expected}") from None
     if option == "join" and value not in ("floor", "behind_leader"):
         raise DisciplineError(f"{name}: join must be 'floor' or 'behind_leader', got {raw!r}")
     if option == "charge" and value not in ("count", "duration"):

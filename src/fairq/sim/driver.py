@@ -79,7 +79,7 @@ def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
         "key_cap": any(g.key_cap is not None for g in groups),
         "tenant_cap": any(g.tenant_cap is not None for g in groups),
         "rate": any(g.rate is not None for g in groups),
-        "borrow": scenario.borrow,
+        "borrow": discipline.borrow(scenario.borrow),
         "charge": discipline.name == "sfq" and discipline.charge(scenario.charge) == "duration",
     }
     return [name for name, on in used.items() if on]
@@ -164,6 +164,7 @@ class Simulation:
         self.total_cap = discipline.cap("total_cap", scenario.total_cap)
         self.fair = discipline.name == "sfq"
         self.charge = discipline.charge(scenario.charge) if self.fair else "count"
+        self.borrow = discipline.borrow(scenario.borrow)
         opts = discipline.options
         per_key = opts.get("max_per_key_per_call")
         vtime = VirtualTimeOptions(
@@ -244,7 +245,7 @@ class Simulation:
                 options["concurrency"] = self.per_key_cap
             if self.total_cap:
                 options["total"] = self.total_cap
-            if s.borrow:
+            if self.borrow:
                 options["borrow"] = True
             if self.charge == "duration":
                 options["charge"] = "duration"

@@ -11,12 +11,14 @@ Record shape (one per scenario x discipline x seed)::
                         "p95_wait": int, "max_wait": int,
                         "first_serve_step": int | null, "served": int,
                         "contention_share": float | null, "slot_share": float | null}},
-     "makespan": int, "contention_worst_share": float,
+     "makespan": int, "contention_worst_share": float, "worst_key_mean_wait": float,
      "enqueued": int, "served": int, "duplicates": int, "commands_per_serve": float}
 
 * wait: steps from a message's arrival to its (first) serve; percentiles are nearest-rank.
 * first_serve_step: the step of the group's (tenant's) first serve (absolute).
 * makespan: the step of the last serve.
+* worst_key_mean_wait: the largest mean wait of a single key (over the keys with a
+  served message), so a group mean never hides one badly served key.
 * A unit (key, group or tenant) *contends* at step ``t`` while it has arrived, unserved
   work: a message with ``arrival_step <= t <= serve_step`` (queued or gated; a message
   served at ``t`` still contends at ``t``; one never served contends to the end).
@@ -204,10 +206,14 @@ def record(trace: Trace, *, scenario: str, discipline: str, seed: int) -> Record
     first: dict[str, int] = {}
     tenant_waits: dict[str, list[int]] = defaultdict(list)
     tenant_first: dict[str, int] = {}
+    key_wait: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for m in w.messages:
         step = trace.serve_step.get(m.run_id)
         if step is None:
             continue
+        acc = key_wait[m.key]
+        acc[0] += step - m.arrival_step
+        acc[1] += 1
         waits[m.group].append(step - m.arrival_step)
         first[m.group] = min(first.get(m.group, step), step)
         tenant_waits[m.tenant].append(step - m.arrival_step)
@@ -258,6 +264,9 @@ def record(trace: Trace, *, scenario: str, discipline: str, seed: int) -> Record
         "tenants": tenants,
         "makespan": trace.last_step,
         "contention_worst_share": round(min(shares), 4) if shares else 1.0,
+        "worst_key_mean_wait": (
+            round(max(total / n for total, n in key_wait.values()), 3) if key_wait else 0.0
+        ),
         "enqueued": len(w.messages),
         "served": served,
         "duplicates": trace.duplicates,
