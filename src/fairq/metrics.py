@@ -14,15 +14,23 @@ this process observes lands there, with no I/O:
   (:class:`fairq.consumer.Consumer` observes every batch it leases);
 * ``fairq_dequeue_call_seconds``: how long those dequeue calls took;
 * ``fairq_runs_started_total{env,queue}``, ``fairq_runs_finished_total{env,queue,outcome}``
-  and ``fairq_run_duration_seconds{env,queue}``: the runs this process's workers ran.
+  (outcome: completed, failed, retried, dead_lettered, timed_out, cancelled, lease_lost,
+  unknown) and ``fairq_run_duration_seconds{env,queue}``: the runs this process's workers
+  ran.
+
+Label cardinality is bounded: at most :data:`MAX_LABELLED_QUEUES` (env, queue) pairs get
+series of their own per process; runs of further queues are counted under
+``env="~other", queue="~other"``. ``fairq worker --metrics-port N`` serves the registry
+(:func:`serve`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from fairq.keys import Environment
 from fairq.models import Delivery
@@ -37,6 +45,26 @@ SERVED_BUCKET_MS: Final = HISTORY_BUCKET_MS
 #: The served-share entry of the tenants a full history bucket counts together (a real
 #: tenant named "~" is merged with them in the chart).
 OVERFLOW_TENANT: Final = "~"
+
+#: Most (env, queue) label pairs one process gives series of their own.
+MAX_LABELLED_QUEUES: Final = 200
+#: The labels of the runs of queues beyond :data:`MAX_LABELLED_QUEUES`.
+OTHER_LABEL: Final = "~other"
+_labelled: set[tuple[str, str]] = set()
+_labelled_lock = threading.Lock()
+
+
+def queue_labels(env_id: str, queue: str) -> tuple[str, str]:
+    """``(env, queue)`` for a series, or the overflow pair once the bound is reached."""
+    pair = (env_id, queue)
+    if pair in _labelled:
+        return pair
+    with _labelled_lock:
+        if pair in _labelled or len(_labelled) < MAX_LABELLED_QUEUES:
+            _labelled.add(pair)
+            return pair
+    return (OTHER_LABEL, OTHER_LABEL)
+
 
 #: Wait of each dequeued run, from available to dequeued, per queue.
 DEQUEUE_LATENCY: Final = Histogram(
@@ -80,18 +108,28 @@ def observe_dequeue(
     if call_seconds is not None:
         DEQUEUE_CALL.observe(max(0.0, call_seconds))
     for d in deliveries:
-        DEQUEUE_LATENCY.labels(d.env.id, d.queue).observe(max(0, now - d.score_ms) / 1000.0)
+        DEQUEUE_LATENCY.labels(*queue_labels(d.env.id, d.queue)).observe(
+            max(0, now - d.score_ms) / 1000.0
+        )
 
 
 class RunMetrics:
     """The worker's observer of run events (see :attr:`fairq.worker.Worker.metrics`)."""
 
     def started(self, delivery: Delivery) -> None:
-        RUNS_STARTED.labels(delivery.env.id, delivery.queue).inc()
+        RUNS_STARTED.labels(*queue_labels(delivery.env.id, delivery.queue)).inc()
 
     def finished(self, delivery: Delivery, outcome: str, seconds: float) -> None:
-        RUNS_FINISHED.labels(delivery.env.id, delivery.queue, outcome).inc()
-        RUN_DURATION.labels(delivery.env.id, delivery.queue).observe(max(0.0, seconds))
+        labels = queue_labels(delivery.env.id, delivery.queue)
+        RUNS_FINISHED.labels(*labels, outcome).inc()
+        RUN_DURATION.labels(*labels).observe(max(0.0, seconds))
+
+
+def serve(port: int, host: str = "127.0.0.1") -> Any:
+    """Serve :data:`REGISTRY` at ``http://host:port/metrics`` from a daemon thread
+    (``fairq worker --metrics-port``). Returns the HTTP server (``shutdown()`` stops it)."""
+    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    return server
 
 
 async def read_served(
@@ -118,6 +156,8 @@ async def read_served(
 __all__ = [
     "DEQUEUE_CALL",
     "DEQUEUE_LATENCY",
+    "MAX_LABELLED_QUEUES",
+    "OTHER_LABEL",
     "OVERFLOW_TENANT",
     "REGISTRY",
     "RUNS_FINISHED",
@@ -126,5 +166,7 @@ __all__ = [
     "SERVED_BUCKET_MS",
     "RunMetrics",
     "observe_dequeue",
+    "queue_labels",
     "read_served",
+    "serve",
 ]

@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from fairq import telemetry
 from fairq.app import Fairq
 from fairq.consumer import Consumer
 from fairq.errors import ConfigurationError, ConnectionLostError, FairqError, PermanentError
@@ -461,6 +462,12 @@ class Worker:
         return await asyncio.wait_for(asyncio.shield(future), timeout)
 
     async def _execute(self, delivery: Delivery, context: RunContext) -> None:
+        with telemetry.run_span(delivery) as span:
+            await self._attempt(delivery, context, span)
+
+    async def _attempt(
+        self, delivery: Delivery, context: RunContext, span: telemetry.RunSpan
+    ) -> None:
         task = self.app.tasks[delivery.queue]
         started = wall_clock_ms()
         timeout = self._timeout_s(task, delivery)
@@ -471,35 +478,42 @@ class Worker:
             if delivery.lease_member in self._abandoned:
                 return
             if context.cancelled and not self._forced:
+                span.outcome("cancelled")
                 self.stats.cancelled += 1
                 self._finish(
                     delivery, RunStatus.CANCELLED, started, error="cancelled while running"
                 )
                 return
+            span.outcome("returned")
             raise  # shutdown: _drain gives the run back
         except TimeoutError as exc:
             if timeout is None or (wall_clock_ms() - started) < timeout * 1000 * 0.99:
-                await self._retry(task, delivery, exc, started)  # the task's own TimeoutError
+                # the task's own TimeoutError
+                span.outcome(await self._retry(task, delivery, exc, started), exc)
                 return
             self.stats.timed_out += 1
             error = f"TaskTimeoutError: run timed out after {timeout:g}s"
             if delivery.attempt + 1 >= task.retry.max_attempts:
-                self._finish(delivery, RunStatus.TIMED_OUT, started, error=error)
+                span.outcome("timed_out", exc)
+                self._finish(delivery, RunStatus.TIMED_OUT, started, error=error, exc=exc)
             else:
-                await self._retry(task, delivery, exc, started, error=error)
+                span.outcome(await self._retry(task, delivery, exc, started, error=error), exc)
         except PermanentError as exc:
+            span.outcome("failed", exc)
             self.stats.failed += 1
             self._finish(delivery, RunStatus.FAILED, started, error=_error_text(exc), exc=exc)
         except Exception as exc:
-            await self._retry(task, delivery, exc, started)
+            span.outcome(await self._retry(task, delivery, exc, started), exc)
         else:
             if context.cancelled:
+                span.outcome("cancelled")
                 # a plain function that returned after its cancellation was requested
                 self.stats.cancelled += 1
                 self._finish(
                     delivery, RunStatus.CANCELLED, started, error="cancelled while running"
                 )
                 return
+            span.outcome("completed")
             self.stats.completed += 1
             self._finish(delivery, RunStatus.COMPLETED, started, result=result)
 
@@ -585,7 +599,9 @@ class Worker:
         started: int,
         *,
         error: str | None = None,
-    ) -> None:
+    ) -> str:
+        """Nack a failed attempt (retry later, or dead-letter at the last); returns what
+        happened: retried, dead_lettered, lease_lost, unknown or nack_failed."""
         assert self._rq is not None
         rq = self._rq
         attempts = delivery.attempt + 1
@@ -609,7 +625,7 @@ class Worker:
             )
         except ConnectionLostError as e:  # the lease will lapse and the run come back
             log.warning("nack of %s failed (%s); its lease will lapse", delivery.run_id, e)
-            return
+            return "nack_failed"
         if result is NackOutcome.DEAD_LETTERED:
             self.stats.dead_lettered += 1
             self._log_run(delivery, "dead_lettered", started, error)
@@ -619,9 +635,10 @@ class Worker:
             self._log_run(delivery, "retried", started, error)
         else:
             self.stats.lease_lost += 1
+        word = "retried" if result is NackOutcome.REQUEUED else result.value
         if self.metrics is not None:
-            word = "retried" if result is NackOutcome.REQUEUED else result.value
             self.metrics.finished(delivery, word, (wall_clock_ms() - started) / 1000)
+        return word
 
     # ------------------------------------------------------------------ helpers
 

@@ -61,7 +61,32 @@ def load_app(spec: str) -> Fairq:
 )
 @click.option("--burst", is_flag=True, help="Exit once nothing is ready and nothing is running.")
 @click.option("--max-runs", type=int, default=None, help="Exit after this many runs ended.")
-@click.option("-v", "--verbose", is_flag=True, help="Log every retry and limit change.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every run, retry and limit change.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (with every run's line, even without -v).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (/metrics). With --processes N, worker i "
+    "serves on port + i.",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address of --metrics-port."
+)
+@click.option(
+    "-p",
+    "--processes",
+    default="1",
+    show_default=True,
+    help="Worker processes to run under a supervisor that restarts one that dies; "
+    "'auto' = one per core.",
+)
 def command(
     app_spec: str,
     url: str | None,
@@ -71,6 +96,10 @@ def command(
     burst: bool,
     max_runs: int | None,
     verbose: bool,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    processes: str,
 ) -> None:
     """Run the tasks of a fairq app: `fairq worker myproject.tasks:app`.
 
@@ -78,13 +107,24 @@ def command(
     stops taking work and lets running tasks finish (up to --grace seconds); the
     rest go back to the queue. A second signal returns them at once.
     """
+    from fairq import logs
+
+    fmt: logs.LogFormat = "json" if log_format == "json" else "text"
+    logs.configure(logging.INFO if verbose else logging.WARNING, fmt)
+    count = _processes(processes)
+    app = load_app(app_spec)
+    if count > 1:
+        _supervise(
+            count, app_spec, url=url, concurrency=concurrency, queues=queues, grace=grace,
+            burst=burst, max_runs=max_runs, verbose=verbose, log_format=log_format,
+            metrics_port=metrics_port, metrics_host=metrics_host,
+        )  # fmt: skip
+        return
+    from fairq import metrics
+    from fairq.supervisor import watch_parent
     from fairq.worker import Worker
 
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    app = load_app(app_spec)
+    watch_parent()
     if url:
         app.url = url
     try:
@@ -95,22 +135,29 @@ def command(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 
+    if metrics_port is not None:
+        try:
+            metrics.serve(metrics_port, metrics_host)
+        except OSError as exc:
+            raise click.ClickException(f"--metrics-port {metrics_port}: {exc}") from None
+
     async def main() -> None:
         resolved = await app.resolved_url()
-        click.echo(
+        logs.say(
             f"fairq worker: env {app.env} | queues {', '.join(worker.queues)} | "
-            f"concurrency {concurrency} | server {resolved}",
-            err=True,
+            f"concurrency {concurrency} | server {resolved}"
+            + (f" | metrics http://{metrics_host}:{metrics_port}/metrics" if metrics_port else ""),
+            fmt,
         )
         try:
             stats = await worker.run()
         finally:
             await app.aclose()
-        click.echo(
+        logs.say(
             f"fairq worker stopped: {stats.completed} completed, {stats.retried} retried, "
             f"{stats.failed} failed, {stats.dead_lettered} dead-lettered, "
             f"{stats.returned} returned to the queue",
-            err=True,
+            fmt,
         )
 
     try:
@@ -123,3 +170,67 @@ def command(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _processes(raw: str) -> int:
+    from fairq.supervisor import cpu_count
+
+    if raw.strip().lower() == "auto":
+        return cpu_count()
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 512:
+        raise click.BadParameter(f"{raw!r}: give 1..512 or 'auto'", param_hint="--processes")
+    return count
+
+
+def _supervise(
+    count: int,
+    app_spec: str,
+    *,
+    url: str | None,
+    concurrency: int,
+    queues: tuple[str, ...],
+    grace: float,
+    burst: bool,
+    max_runs: int | None,
+    verbose: bool,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run ``count`` workers with the same options under :class:`fairq.supervisor.Supervisor`."""
+    from fairq.supervisor import Supervisor
+
+    base = [sys.executable, "-m", "fairq", "worker", app_spec, "--processes", "1"]
+    base += ["--concurrency", str(concurrency), "--grace", repr(grace)]
+    base += ["--log-format", log_format, "--metrics-host", metrics_host]
+    for q in queues:
+        base += ["--queue", q]
+    if burst:
+        base.append("--burst")
+    if max_runs is not None:
+        base += ["--max-runs", str(max_runs)]
+    if verbose:
+        base.append("--verbose")
+    commands = [
+        base + ([] if metrics_port is None else ["--metrics-port", str(metrics_port + i)])
+        for i in range(count)
+    ]
+    env = dict(os.environ)
+    if url:
+        env["FAIRQ_REDIS_URL"] = url
+    from fairq import logs
+
+    fmt: logs.LogFormat = "json" if log_format == "json" else "text"
+    logs.say(f"fairq supervisor: {count} worker processes of {app_spec}", fmt,
+             logger="fairq.supervisor")  # fmt: skip
+    supervisor = Supervisor(processes=count, commands=commands, env=env)
+    code = supervisor.run()
+    restarts = sum(s.restarts for s in supervisor.slots)
+    logs.say(f"fairq supervisor stopped: {count} worker(s), {restarts} restart(s)", fmt,
+             logger="fairq.supervisor")  # fmt: skip
+    if code:
+        raise SystemExit(code)
