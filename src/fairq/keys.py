@@ -53,6 +53,8 @@ Per environment (``V`` = ``T:e:E``, keys ``V:<name>``)
                      no encoded name contains ``~``)
   tw           HASH  tenant -> weight (sparse, default 1)
   schedules    HASH  schedule name -> its last claimed tick (ms): each tick enqueues once
+  audit        LIST  admin actions (JSON: at, who, action, target, detail), newest first,
+                     bounded, with a TTL
 Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   queued       ZSET  keyless runs: run id -> score (ms)
   inflight     SET   keyless runs holding a queue slot
@@ -136,6 +138,7 @@ ENV_KEYS: Final = {
     "tenant_tags": "tt",
     "tenant_weights": "tw",
     "schedules": "schedules",
+    "audit": "audit",
 }
 #: Per-base-queue keys: attribute -> suffix (``T:q:E:Q:<suffix>``).
 QUEUE_KEYS: Final = {
@@ -355,6 +358,7 @@ class EnvKeys:
     tenant_tags: str
     tenant_weights: str
     schedules: str
+    audit: str
     message_prefix: str
     outcome_prefix: str
 

@@ -102,6 +102,9 @@ class EnqueueRequest:
     keep_outcome: bool = False
     #: The run's timeout (ms), for the worker; None = the task's.
     timeout_ms: int | None = None
+    #: A trace context (W3C ``traceparent``, optionally ``;tracestate``) the run's
+    #: deliveries carry, linking the run to where it was triggered.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,8 @@ class Delivery:
     timeout_ms: int | None = None
     #: Keep the outcome of a completed run even without a result.
     keep_outcome: bool = False
+    #: The trace context given at enqueue (None = none).
+    trace_context: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -214,6 +219,13 @@ class QueueStats:
     borrow: bool = False
     #: Queued runs not yet due (delayed, backoff).
     delayed: int = 0
+    #: The fair order's settings in force (the queue's, else the env's, else the default).
+    quantum: float = 1.0
+    window: int = 3
+    join: str = "floor"
+    arrival_cap: float = 1.0
+    #: The options the queue sets itself, as stored (option name -> value).
+    options: dict[str, str] = field(default_factory=dict)
 
     @property
     def paused(self) -> bool:
@@ -230,6 +242,13 @@ class EnvStats:
     dead_lettered: int
     order: str = "age"
     weight: float = 1.0
+    #: The environment's defaults for its queues' fair order (else the process's).
+    quantum: float = 1.0
+    window: int = 3
+    join: str = "floor"
+    arrival_cap: float = 1.0
+    max_per_key_per_call: int | None = None
+    charge: str = "count"
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +262,8 @@ class DeadLetter:
     payload_json: str
     error: str | None = None
     tenant: str | None = None
+    #: The last attempt's traceback (bounded), when the worker gave one.
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,3 +273,15 @@ class TenantTag:
     tenant: str | None
     virtual_tag: float
     weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One admin action recorded on the server (see :meth:`RunQueue.record_audit`)."""
+
+    #: When it was recorded (ms, the server's clock).
+    at_ms: int
+    who: str
+    action: str
+    target: str
+    detail: str = ""

@@ -152,6 +152,9 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
         )
         requests.append(EnqueueRequest(env, "short", f"ttl-{i}", None, ttl_ms=10))
         requests.append(EnqueueRequest(env, "keyed", f"cancel-{i}", None, concurrency_key="c"))
+    # audit: an admin action recorded on every environment's shard
+    for e in envs:
+        await rq.record_audit(e, who="test", action="limits", target="queue keyed")
     # configure: a limit on every environment's keyed queue (no enqueue here reaches it)
     for env in envs:
         await rq.set_queue_size_limit(env, "keyed", 100)

@@ -292,3 +292,36 @@ class AdminOps(StoreCore):
         """Weight a tenant in its environment's fair order (across all its queues)."""
         value = None if weight is None else repr(validate.weight(weight))
         await self.configure(env, [Change("tenant_weights", None, K.encode_tenant(tenant), value)])
+
+    async def record_audit(
+        self,
+        env: Environment,
+        *,
+        who: str,
+        action: str,
+        target: str,
+        detail: str = "",
+        now_ms: int | None = None,
+    ) -> None:
+        """Record one admin action in the environment's audit list (the last 1,000 are
+        kept, for 30 days after the last one), on the server's clock, in one round trip.
+
+        Raises:
+            InvalidLimitError: a field out of its bounds (UTF-8 bytes: who 1..200, action
+                a word of 1..64, target 1..500, detail up to 2,000).
+        """
+        for name, value, low, high in (
+            ("who", who, 1, 200), ("action", action, 1, 64), ("target", target, 1, 500),
+            ("detail", detail, 0, 2000),
+        ):  # fmt: skip
+            size = len(validate.text(name, value, high).encode("utf-8"))
+            if not low <= size <= high:
+                raise InvalidLimitError(name, value, f"must be {low}..{high} bytes")
+        if not all(c.isascii() and (c.isalnum() or c in "_-") for c in action):
+            raise InvalidLimitError("action", action, "must be a word (letters, digits, _ -)")
+        if now_ms is not None:
+            validate.time_ms("now_ms", now_ms)
+        reply = await self.call(
+            "audit", "age", self.keys.tag_of(env), [env.id, who, action, target, detail], now_ms
+        )
+        self.decode("audit", reply[0])

@@ -14,7 +14,7 @@ from fairq.store._core import StoreCore, text_of
 from fairq.store.selection import EnvPlan, SelectionStrategy
 
 #: Fields of one delivered run in a dequeue reply (dequeue.lua).
-DELIVERY_FIELDS = 11
+DELIVERY_FIELDS = 12
 
 
 class DequeueOps(StoreCore):
@@ -42,6 +42,7 @@ class DequeueOps(StoreCore):
                     tenant=K.decode_tenant(tenant) if tenant else None,
                     timeout_ms=int(raw[i + 9]) or None,
                     keep_outcome=text_of(raw[i + 10]) == "keep",
+                    trace_context=text_of(raw[i + 11]) or None,
                 )
             )
         return out

@@ -136,7 +136,7 @@ class EnqueueOps(StoreCore):
         return result.status
 
     def encode_request(self, r: EnqueueRequest) -> list[str]:
-        """The 9 script arguments of one run (validating every field).
+        """The 11 script arguments of one run (validating every field).
 
         Raises:
             InvalidNameError, PayloadError, InvalidLimitError: bad input.
@@ -167,9 +167,10 @@ class EnqueueOps(StoreCore):
             else validate.duration_ms("timeout_ms", r.timeout_ms, minimum=1)
         )
         payload = validate.payload(r.payload, self.config.max_payload_bytes)
+        trace = "" if r.trace_context is None else validate.trace_context(r.trace_context)
         return [
             r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(priority),
-            str(ttl), payload, "keep" if r.keep_outcome else "", str(timeout),
+            str(ttl), payload, "keep" if r.keep_outcome else "", str(timeout), trace,
         ]  # fmt: skip
 
     async def enqueue_tick(

@@ -16,6 +16,7 @@ from fairq.models import (
     NackOutcome,
     ReleaseStatus,
 )
+from fairq.outcomes import MAX_TRACEBACK_CHARS
 from fairq.store import validate
 from fairq.store._core import StoreCore
 from fairq.store.scripts import Order
@@ -120,6 +121,7 @@ class FinishOps(StoreCore):
         increment_attempt: bool = True,
         max_attempts: int | None = None,
         error: str | None = None,
+        traceback: str | None = None,
         outcome_json: str | None = None,
         now_ms: int | None = None,
     ) -> NackOutcome:
@@ -132,6 +134,8 @@ class FinishOps(StoreCore):
             increment_attempt: count this as a failed attempt.
             max_attempts: override the retry policy's maximum (1..1000).
             error: the attempt's error, kept with the run (bounded).
+            traceback: the attempt's traceback, kept with the run (bounded), shown by
+                ``get_run`` and ``dead_letters``.
             outcome_json: the outcome kept if the run is dead-lettered.
 
         Every argument is checked before the script runs; the script checks them again
@@ -154,12 +158,17 @@ class FinishOps(StoreCore):
             else:
                 delay = policy.delay_ms(attempt, self.rng) if increment_attempt else 0
         text = "" if error is None else validate.text("error", error, 100_000)[:4000]
+        trace = (
+            ""
+            if traceback is None
+            else validate.text("traceback", traceback, 1_000_000)[-MAX_TRACEBACK_CHARS:]
+        )
         if outcome_json is not None:
             validate.text("outcome_json", outcome_json, 1_000_000)
         reply = await self.call_for_env(
             "nack", d.env,
             [d.lease_member, str(d.lease_token), at, str(delay), "1" if increment_attempt else "0",
-             str(limit), text, outcome_json or ""],
+             str(limit), text, outcome_json or "", trace],
             now_ms,
         )  # fmt: skip
         return _NACK[self.decode("nack", reply[0])]

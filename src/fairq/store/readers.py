@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from fairq import keys as K
 from fairq.keys import Environment
-from fairq.models import DeadLetter, EnvStats, QueueStats, TenantTag, VariantStats
+from fairq.models import AuditEntry, DeadLetter, EnvStats, QueueStats, TenantTag, VariantStats
 from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus, decode_outcome
 from fairq.store import validate
 from fairq.store._core import StoreCore, text_of
@@ -25,6 +25,12 @@ HISTORY_BUCKET_MS: Final = 10_000
 #: Variant rows a queue breakdown returns at most.
 MAX_VARIANTS: Final = 500
 
+
+#: The environment fields a queue's settings fall back to.
+ENV_DEFAULTS: Final = (
+    "max_queue_size", "order", "max_per_key", "charge", "quantum", "window", "join",
+    "arrival_cap",
+)  # fmt: skip
 
 #: The history field that counts the tenants a full bucket has no field for.
 HISTORY_OVERFLOW_FIELD: Final = "t:~"
@@ -48,6 +54,8 @@ class HistoryBucket:
     by_tenant: dict[str | None, int]
     #: Runs served to tenants beyond the bucket's bound on tenant fields (counted together).
     other_tenants: int = 0
+    #: Summed wait of the runs served (ms from when each could run to its dequeue).
+    wait_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +101,7 @@ class ReaderOps(StoreCore):
         """:meth:`queue_stats` for several queues of one environment, in one round trip."""
         e = self.keys.env(env)
         qkeys = [self.keys.queue(env, name) for name in queues]
-        fields = ["max_queue_size", "order", "max_per_key", "charge"]
+        fields = [*ENV_DEFAULTS]
         for name in queues:
             fields += [K.config_field(name, o) for o in QUEUE_OPTIONS]
 
@@ -112,7 +120,12 @@ class ReaderOps(StoreCore):
         now, raw = await self.timed_pipeline(build)
         env_running = int(raw[0])
         config = raw[1]
-        env_size, env_order, env_mpk, env_charge = (_opt(v) for v in config[:4])
+        base = len(ENV_DEFAULTS)
+        env_opts = dict(zip(ENV_DEFAULTS, (_opt(v) for v in config[:base]), strict=True))
+        env_size, env_order, env_mpk, env_charge = (
+            env_opts["max_queue_size"], env_opts["order"], env_opts["max_per_key"],
+            env_opts["charge"],
+        )  # fmt: skip
         out: list[QueueStats] = []
         width = len(QUEUE_OPTIONS)
         keyed_running: dict[str, int] | None = None
@@ -121,7 +134,7 @@ class ReaderOps(StoreCore):
             qc = dict(
                 zip(
                     QUEUE_OPTIONS,
-                    (_opt(v) for v in config[4 + i * width : 4 + (i + 1) * width]),
+                    (_opt(v) for v in config[base + i * width : base + (i + 1) * width]),
                     strict=True,
                 )
             )
@@ -164,6 +177,12 @@ class ReaderOps(StoreCore):
                     rate_burst=None if qc["rate_burst"] is None else int(qc["rate_burst"]),
                     borrow=qc["borrow"] == "1",
                     delayed=delayed,
+                    **self._fair_settings(qc, env_opts),
+                    options={
+                        k: v
+                        for k, v in qc.items()
+                        if v is not None and not QUEUE_OPTIONS[k].internal
+                    },
                 )
             )
         return out
@@ -251,11 +270,13 @@ class ReaderOps(StoreCore):
 
         def build(pipe: Any) -> None:
             pipe.scard(e.inflight)
-            pipe.hmget(e.config, ["concurrency", "burst_factor", "max_queue_size", "order"])
+            pipe.hmget(e.config, ["concurrency", "burst_factor", *ENV_DEFAULTS])
             pipe.zcard(e.dlq)
             pipe.hget(s.env_weights, env.id)
 
         running, limits, dlq, weight = await self.pipeline(build)
+        defaults = dict(zip(ENV_DEFAULTS, (_opt(v) for v in limits[2:]), strict=True))
+        fair = self._fair_settings({}, defaults)
         return EnvStats(
             env=env,
             running=int(running),
@@ -267,9 +288,29 @@ class ReaderOps(StoreCore):
             else self.config.default_burst_factor,
             queue_size_limit=int(limits[2]) if limits[2] is not None else None,
             dead_lettered=int(dlq),
-            order=_opt(limits[3]) or ("fair" if self.fair else "age"),
+            order=defaults["order"] or ("fair" if self.fair else "age"),
             weight=1.0 if weight is None else float(weight),
+            max_per_key_per_call=int(defaults["max_per_key"] or 0)
+            or self.config.max_per_key_per_call,
+            charge=defaults["charge"] or self.config.vtime.charge,
+            **fair,
         )
+
+    def _fair_settings(
+        self, queue: dict[str, str | None], env: dict[str, str | None]
+    ) -> dict[str, Any]:
+        """quantum, window, join, arrival_cap in force: the queue's, else the env's, else
+        this process's defaults."""
+        vt = self.config.vtime
+        quantum, window, join, cap = (
+            queue.get(n) or env.get(n) for n in ("quantum", "window", "join", "arrival_cap")
+        )
+        return {
+            "quantum": float(quantum) if quantum else vt.quantum,
+            "window": int(window) if window else vt.scan_window_multiplier,
+            "join": join or vt.join_policy,
+            "arrival_cap": float(cap) if cap else vt.arrival_cap,
+        }
 
     async def command_stats(self) -> dict[str, int]:
         """Successful calls per command since the server's last reset, summed over every
@@ -354,7 +395,7 @@ class ReaderOps(StoreCore):
 
         def build(pipe: Any) -> None:
             for run_id in run_ids:
-                pipe.hmget(e.message(run_id), ["q", "k", "a", "p", "e", "n"])
+                pipe.hmget(e.message(run_id), ["q", "k", "a", "p", "e", "n", "tb"])
 
         out: list[DeadLetter] = []
         for (run_id, (_, score)), h in zip(
@@ -373,6 +414,7 @@ class ReaderOps(StoreCore):
                     payload_json=text_of(h[3]),
                     error=_opt(h[4]) or None,
                     tenant=K.decode_tenant(text_of(h[5])) if h[5] else None,
+                    traceback=_opt(h[6]) or None,
                 )
             )
         return out
@@ -386,7 +428,8 @@ class ReaderOps(StoreCore):
 
         def build(pipe: Any) -> None:
             pipe.hmget(
-                e.message(run_id), ["st", "a", "q", "k", "n", "t", "s", "ls", "p", "e", "cx", "pg"]
+                e.message(run_id),
+                ["st", "a", "q", "k", "n", "t", "s", "ls", "p", "e", "cx", "pg", "tb"],
             )
             pipe.get(e.outcome(run_id))
 
@@ -412,7 +455,7 @@ class ReaderOps(StoreCore):
                 started_at_ms=int(float(message[7])) if message[7] and state == "running" else None,
                 payload_json=_opt(message[8]),
                 error=_opt(message[9]) or (outcome.error if outcome else None),
-                traceback=outcome.traceback if outcome else None,
+                traceback=_opt(message[12]) or (outcome.traceback if outcome else None),
                 finished_at_ms=outcome.finished_at_ms if outcome and state == "dlq" else None,
                 cancel_requested=message[10] is not None,
                 progress=progress,
@@ -481,6 +524,22 @@ class ReaderOps(StoreCore):
                     cancelled=f.get("cancelled", 0), timed_out=f.get("timed_out", 0),
                     run_ms=f.get("run_ms", 0), by_tenant=by_tenant,
                     other_tenants=f.get(HISTORY_OVERFLOW_FIELD, 0),
+                    wait_ms=f.get("wait_ms", 0),
+                )
+            )  # fmt: skip
+        return out
+
+    async def audit_log(self, env: Environment, *, limit: int = 100) -> list[AuditEntry]:
+        """The environment's recorded admin actions, newest first."""
+        validate.integer("limit", limit, 1, 1000)
+        raw = await self.read(self.client.lrange(self.keys.env(env).audit, 0, limit - 1))
+        out = []
+        for item in raw:
+            data = json.loads(text_of(item))
+            out.append(
+                AuditEntry(
+                    at_ms=int(data["at"]), who=str(data["who"]), action=str(data["action"]),
+                    target=str(data["target"]), detail=str(data.get("detail", "")),
                 )
             )  # fmt: skip
         return out

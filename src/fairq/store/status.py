@@ -84,6 +84,7 @@ REPLIES: Final[dict[str, frozenset[Status]]] = {
     "expire_ttl": frozenset({Status.OK}),
     "configure": frozenset({Status.OK}),
     "seed_counters": frozenset({Status.OK}),
+    "audit": frozenset({Status.OK}),
 }
 
 

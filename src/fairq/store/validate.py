@@ -119,3 +119,21 @@ def text(name: str, value: object, max_chars: int) -> str:
     except UnicodeEncodeError:
         raise InvalidLimitError(name, value, "is not valid Unicode") from None
     return value
+
+
+#: Longest trace context a run carries.
+MAX_TRACE_CONTEXT_CHARS: Final = 512
+
+
+def trace_context(value: object) -> str:
+    """A trace context: printable ASCII without spaces, at most 512 characters."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_TRACE_CONTEXT_CHARS
+        or any(not "!" <= c <= "~" for c in value)
+    ):
+        raise InvalidLimitError(
+            "trace_context", value, "must be 1..512 printable ASCII characters, no spaces"
+        )
+    return value

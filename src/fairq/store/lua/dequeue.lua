@@ -23,9 +23,9 @@ ARGV
 Reply
   {status, wait (ms from now until something held back becomes ready, -1 = nothing
    known), gated (1: ready work was left behind a limit), deliveries}
-  deliveries: 11 fields per run: run id, queue, payload, encoded key ('' = none), named
+  deliveries: 12 fields per run: run id, queue, payload, encoded key ('' = none), named
   tenant ('' = none), attempt, lease token, score (ms), enqueued at (ms), timeout (ms,
-  0 = none), outcome policy ('' | 'keep')
+  0 = none), outcome policy ('' | 'keep'), trace context ('' = none)
 ]]
 --@context now counter_ttl state_ttl outcome_ttl wake_channel default_env_concurrency
 --@context default_burst_factor default_queue_size_limit default_order default_max_per_key

@@ -16,10 +16,11 @@ ARGV
   FIRST_ARG + 2  schedule name ('' = none)   FIRST_ARG + 3  schedule tick (ms)
     with a schedule, the call enqueues only if this tick is later than the schedule's
     last claimed tick (then it becomes the last): exactly once however many callers
-  then 10 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
+  then 11 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
     available at (ms, absolute; '' = now + delay), delay (ms), priority (ms, a time
     credit: the run orders as if this much older), TTL (ms from now, 0 = none),
-    payload (JSON), outcome policy ('' | 'keep'), timeout (ms, 0 = none)
+    payload (JSON), outcome policy ('' | 'keep'), timeout (ms, 0 = none), trace context
+    ('' = none; printable ASCII, at most 512)
 Reply
   {status (OK | NEEDS_FAIR | TICK_TAKEN), size limit in force (0 = none), one status
    per run (ENQUEUED, DUPLICATE, REJECTED_SIZE)}
@@ -32,7 +33,7 @@ Reply
 --@include runs
 --@include order
 
-local FIELDS = 10
+local FIELDS = 11
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
 local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
@@ -53,7 +54,9 @@ for r = 0, count - 1 do
     ttl = arg_int(ARGV[i + 6], 'ttl_ms', 0, MAX_TIME_MS),
     payload = ARGV[i + 7], keep = arg_word(ARGV[i + 8], 'outcome policy', {'', 'keep'}),
     timeout = arg_int(ARGV[i + 9], 'timeout_ms', 0, MAX_TIME_MS),
+    trace = ARGV[i + 10],
   }
+  if #run.trace > 512 or string.find(run.trace, '[^!-~]') then fail('bad trace context') end
   if run.ck ~= '' and not string.match(run.ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
   if run.tenant ~= '' and not string.match(run.tenant, '^[%w_%.%-%%]+$') then
     fail('bad encoded tenant')
@@ -114,6 +117,10 @@ for _, run in ipairs(runs) do
       if run.timeout > 0 then
         fields[#fields + 1] = 'to'
         fields[#fields + 1] = run.timeout
+      end
+      if run.trace ~= '' then
+        fields[#fields + 1] = 'tc'
+        fields[#fields + 1] = run.trace
       end
       redis.call('HSET', mkey, unpack(fields))
       place_queued(X, Q, run.ck, run.id, run.score, run.tenant)

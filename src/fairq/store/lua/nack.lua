@@ -14,6 +14,7 @@ ARGV
   FIRST_ARG + 5  max attempts (1..1000)
   FIRST_ARG + 6  the attempt's error (text, '' = none), kept with the run
   FIRST_ARG + 7  outcome JSON to keep when it is dead-lettered ('' = none)
+  FIRST_ARG + 8  the attempt's traceback (text, '' = none), kept with the run
 Reply
   {status, attempts}: REQUEUED, DEAD_LETTERED, UNKNOWN_RUN, LEASE_LOST
 ]]
@@ -41,6 +42,7 @@ local increment = arg_int(ARGV[FIRST_ARG + 4], 'increment', 0, 1)
 local max_attempts = arg_int(ARGV[FIRST_ARG + 5], 'max_attempts', 1, 1000)
 local error_text = ARGV[FIRST_ARG + 6] or ''
 local outcome = ARGV[FIRST_ARG + 7] or ''
+local traceback = ARGV[FIRST_ARG + 8] or ''
 
 local X = state_new(C, tag)
 local mkey = run_key(tag, member)
@@ -58,14 +60,16 @@ if started then HOOK.charge(X, Q, flow_of(ck), ta, X.now - started) end
 local status
 if increment > 0 and attempt >= max_attempts then
   -- dead letter: the hash stays for inspection and redrive
-  redis.call('HSET', mkey, 'a', attempt, 'st', 'dlq', 'l', X.now, 'e', error_text, 'ta', '')
+  redis.call('HSET', mkey, 'a', attempt, 'st', 'dlq', 'l', X.now, 'e', error_text, 'tb', traceback,
+    'ta', '')
   redis.call('ZADD', env_key(Q.V, 'dlq'), X.now, run)
   if outcome ~= '' then write_outcome(X, member, outcome) end
   recent_add(X, Q, run, 'dead_lettered', attempt, started, ck, ta)
   history_add(X, Q, 'dead_lettered', 1)
   status = S.DEAD_LETTERED
 else
-  redis.call('HSET', mkey, 'a', attempt, 'st', 'queued', 's', retry_at, 'e', error_text, 'ta', '')
+  redis.call('HSET', mkey, 'a', attempt, 'st', 'queued', 's', retry_at, 'e', error_text,
+    'tb', traceback, 'ta', '')
   place_queued(X, Q, ck, run, retry_at, f[7] or '')
   if increment > 0 then history_add(X, Q, 'retried', 1) end
   status = S.REQUEUED

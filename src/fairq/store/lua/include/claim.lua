@@ -2,21 +2,21 @@
 --@require state counters runs
 
 --- Fields of one delivered run in a dequeue reply.
-local DELIVERY_FIELDS = 11
+local DELIVERY_FIELDS = 12
 
 -- Claim up to `limit` ready runs (score <= now, oldest first) of flow `flow` of queue Q
 -- into their slots, leasing each until now + lease_ms. `ta` is the named tenant the
 -- runs' slots count under ('' = none). Stale entries (hash gone) are dropped; runs
 -- whose TTL passed are reported, never delivered. Each delivered run appends
 --   run id, queue, payload, encoded key, tenant, attempt, lease token, score, enqueued at,
---   timeout (ms, 0 = none), outcome policy ('' | 'keep')
+--   timeout (ms, 0 = none), outcome policy ('' | 'keep'), trace context ('' = none)
 -- to `out`. With `max_score`, only runs scored below it (or equal, when `tie_ok`) are
 -- claimed. Returns the number delivered and the flow's next head score (nil = empty).
 local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
   local keyless = flow == KEYLESS_FLOW
   local ck = keyless and '' or flow
   local qkey = keyless and queue_key(Q.B, 'queued') or variant_key(Q.B, ck, 'queued')
-  local delivered, head = 0, nil
+  local delivered, head, waited = 0, nil, 0
   local taken, removed = {}, 0
   local deadline = X.now + lease_ms
   for _ = 1, 8 do -- bounded: each round removes every run it looked at
@@ -36,7 +36,7 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
       looked[#looked + 1] = run
       local member = Q.env_id .. ':' .. run
       local mkey = run_key(X.tag, member)
-      local f = redis.call('HMGET', mkey, 'p', 'a', 's', 't', 'x', 'd', 'to', 'o')
+      local f = redis.call('HMGET', mkey, 'p', 'a', 's', 't', 'x', 'd', 'to', 'o', 'tc')
       if not f[1] then
         -- stale: the run was finished elsewhere; nothing to deliver
       elseif tonumber(f[5] or '0') > 0 and tonumber(f[5]) <= X.now then
@@ -65,6 +65,8 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
         out[#out + 1] = f[4]
         out[#out + 1] = f[7] or 0
         out[#out + 1] = f[8] or ''
+        out[#out + 1] = f[9] or ''
+        waited = waited + math.max(0, X.now - (tonumber(f[3]) or X.now))
         delivered = delivered + 1
       end
     end
@@ -97,6 +99,7 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
   if head == nil and ta ~= '' then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), flow) end
   if delivered > 0 then
     history_add(X, Q, 'served', delivered)
+    history_add(X, Q, 'wait_ms', waited)
     history_add(X, Q, 't:' .. (ta ~= '' and ta or default_tenant(Q.name, flow)), delivered)
   end
   return delivered, head
