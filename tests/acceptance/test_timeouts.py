@@ -1,0 +1,170 @@
+"""Timeouts end to end: per task and per trigger, async (cancelled at its deadline) and
+plain functions (the thread is abandoned, the run ends timed out), with retries."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from fairq.app import Fairq
+from fairq.config import RetryPolicy, RunQueueConfig
+from fairq.errors import RunFailedError
+from fairq.keys import Environment
+from fairq.outcomes import RunStatus
+from fairq.worker import Worker, current_run
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+FAST_RETRY = RetryPolicy(max_attempts=3, min_delay_ms=5, max_delay_ms=5, randomize=False)
+
+
+@pytest.fixture
+async def app(redis_url: str, prefix: str, env: Environment) -> AsyncIterator[Fairq]:
+    application = Fairq(env, url=redis_url, config=RunQueueConfig(prefix=prefix, lease_ms=1500))
+    yield application
+    await application.aclose()
+
+
+class RunningWorker:
+    def __init__(self, app: Fairq, **options: Any) -> None:
+        self.worker = Worker(app, idle_timeout=0.2, **options)
+        self.task: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> Worker:
+        self.task = asyncio.create_task(self.worker.run())
+        return self.worker
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.worker.stop(force=True)
+        assert self.task is not None
+        await asyncio.wait_for(self.task, 10)
+
+
+async def ended(handle: Any) -> RunFailedError:
+    with pytest.raises(RunFailedError) as caught:
+        await handle.wait(timeout=10)
+    return caught.value
+
+
+async def test_an_async_task_is_cancelled_at_its_deadline(app: Fairq) -> None:
+    saw: list[str] = []
+
+    @app.task(queue="slow", timeout=0.3, retry=NO_RETRY)
+    async def slow(payload: None) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            saw.append("cancelled")
+            raise
+
+    async with RunningWorker(app, concurrency=2) as worker:
+        began = time.monotonic()
+        handle = await slow.trigger()
+        error = await ended(handle)
+        took = time.monotonic() - began
+    assert error.status is RunStatus.TIMED_OUT
+    assert saw == ["cancelled"]
+    assert 0.3 <= took < 3
+    info = await handle.info()
+    assert info is not None and info.status is RunStatus.TIMED_OUT
+    assert info.error is not None and "timed out after 0.3s" in info.error
+    assert info.attempts == 1 and worker.stats.timed_out == 1
+
+
+async def test_a_plain_function_is_abandoned_at_its_deadline_and_the_run_times_out(
+    app: Fairq,
+) -> None:
+    release = threading.Event()
+    finished = threading.Event()
+
+    @app.task(queue="blocking", timeout=0.3, retry=NO_RETRY)
+    def blocking(payload: None) -> str:
+        release.wait(30)  # a call that cannot be interrupted
+        finished.set()
+        return "late"
+
+    @app.task(queue="quick")
+    def quick(payload: int) -> int:
+        return payload * 2
+
+    try:
+        async with RunningWorker(app, concurrency=2) as worker:
+            handle = await blocking.trigger()
+            error = await ended(handle)
+            assert error.status is RunStatus.TIMED_OUT
+            # the thread still runs (abandoned), but the worker goes on serving
+            assert not finished.is_set()
+            assert await (await quick.trigger(21)).wait(timeout=10) == 42
+            rq = await app.queue()
+            assert (await rq.queue_stats(app.env, "blocking")).running == 0
+            assert worker.stats.timed_out == 1
+    finally:
+        release.set()
+    assert finished.wait(5)
+    # its late return changed nothing
+    info = await handle.info()
+    assert info is not None and info.status is RunStatus.TIMED_OUT and info.result is None
+
+
+async def test_a_triggers_timeout_overrides_the_tasks(app: Fairq) -> None:
+    @app.task(queue="nap", timeout=0.2, retry=NO_RETRY)
+    async def nap(payload: float) -> str:
+        await asyncio.sleep(payload)
+        return "rested"
+
+    @app.task(queue="unbounded", retry=NO_RETRY)
+    async def unbounded(payload: float) -> str:
+        await asyncio.sleep(payload)
+        return "rested"
+
+    async with RunningWorker(app, concurrency=4):
+        longer = await nap.trigger(0.5, timeout=5)
+        shorter = await unbounded.trigger(5, timeout=0.2)
+        assert await longer.wait(timeout=10) == "rested"
+        assert (await ended(shorter)).status is RunStatus.TIMED_OUT
+
+
+async def test_timed_out_attempts_are_retried_by_the_tasks_policy(app: Fairq) -> None:
+    attempts: list[int] = []
+
+    @app.task(queue="warming", timeout=0.2, retry=FAST_RETRY)
+    async def warming(payload: None) -> int:
+        run = current_run()
+        assert run is not None
+        attempts.append(run.attempt)
+        if run.attempt < 2:
+            await asyncio.sleep(10)  # the first two attempts time out
+        return run.attempt
+
+    @app.task(queue="stuck", timeout=0.2, retry=RetryPolicy(max_attempts=2, min_delay_ms=5,
+              max_delay_ms=5, randomize=False))  # fmt: skip
+    async def stuck(payload: None) -> None:
+        await asyncio.sleep(10)
+
+    async with RunningWorker(app, concurrency=4) as worker:
+        ok = await warming.trigger()
+        bad = await stuck.trigger()
+        assert await ok.wait(timeout=10) == 2
+        error = await ended(bad)
+    assert attempts == [0, 1, 2]
+    # the last attempt's timeout ends the run timed out (not dead-lettered)
+    assert error.status is RunStatus.TIMED_OUT
+    info = await bad.info()
+    assert info is not None and info.attempts == 2
+    assert worker.stats.timed_out == 4 and worker.stats.retried == 3
+
+
+async def test_a_tasks_own_timeout_error_is_an_ordinary_failure(app: Fairq) -> None:
+    @app.task(queue="upstream", timeout=30, retry=NO_RETRY)
+    async def upstream(payload: None) -> None:
+        raise TimeoutError("the upstream API timed out")
+
+    async with RunningWorker(app, concurrency=2) as worker:
+        error = await ended(await upstream.trigger())
+    assert error.status is RunStatus.DEAD_LETTERED
+    assert "the upstream API timed out" in str(error)
+    assert worker.stats.timed_out == 0
