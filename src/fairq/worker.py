@@ -52,7 +52,7 @@ from fairq.errors import ConfigurationError, ConnectionLostError, FairqError, Pe
 from fairq.keys import encode_concurrency_key, encode_tenant
 from fairq.metrics import RunMetrics
 from fairq.models import AckStatus, Delivery, Finish, HeartbeatStatus, NackOutcome
-from fairq.outcomes import MAX_ERROR_CHARS, RunStatus, encode_outcome
+from fairq.outcomes import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, RunStatus, encode_outcome
 from fairq.schedules import Scheduler
 from fairq.store import RunQueue
 from fairq.store._core import wall_clock_ms
@@ -135,7 +135,9 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _traceback_text(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    # bounded (the store keeps the end, where the error is, when it must cut)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text if len(text) <= MAX_TRACEBACK_CHARS else "…" + text[-(MAX_TRACEBACK_CHARS - 1) :]
 
 
 def _result_json(value: Any) -> str:
@@ -621,6 +623,7 @@ class Worker:
                 retry_delay_ms=policy.delay_ms(attempts, rq.rng),
                 max_attempts=policy.max_attempts,
                 error=error,
+                traceback=_traceback_text(exc),
                 outcome_json=outcome,
             )
         except ConnectionLostError as e:  # the lease will lapse and the run come back

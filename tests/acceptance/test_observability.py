@@ -186,10 +186,6 @@ async def test_a_span_per_trigger_and_per_run_attempt(
     assert seen_inside == [format(s.context.span_id, "016x") for s in runs]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the store to carry a trace context with the run (requests-ops R2)",
-)
 async def test_the_run_span_links_to_its_trigger_span(
     spans: Any, traced_app: Fairq, env: Environment
 ) -> None:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 from rich.markup import escape
 from rich.table import Table
@@ -19,43 +17,7 @@ from fairq.commands._common import (
     url_option,
     warn_if_unknown,
 )
-from fairq.outcomes import RunInfo
-from fairq.store import RecentRun
-
-
-def run_json(info: RunInfo) -> dict[str, Any]:
-    """A run as the JSON of ``fairq runs show --json`` (and the dashboard's run page)."""
-    return {
-        "run_id": info.run_id,
-        "status": info.status.value,
-        "queue": info.queue,
-        "concurrency_key": info.concurrency_key,
-        "tenant": info.tenant,
-        "attempts": info.attempts,
-        "enqueued_at_ms": info.enqueued_at_ms,
-        "due_at_ms": info.due_at_ms,
-        "started_at_ms": info.started_at_ms,
-        "finished_at_ms": info.finished_at_ms,
-        "duration_ms": info.duration_ms,
-        "payload": info.payload_json,
-        "result": info.result,
-        "error": info.error,
-        "traceback": info.traceback,
-        "cancel_requested": info.cancel_requested,
-        "progress": None if info.progress is None else list(info.progress),
-    }
-
-
-def recent_json(r: RecentRun) -> dict[str, Any]:
-    return {
-        "run_id": r.run_id,
-        "status": r.status.value,
-        "finished_at_ms": r.finished_at_ms,
-        "attempts": r.attempts,
-        "duration_ms": r.duration_ms,
-        "concurrency_key": r.concurrency_key,
-        "tenant": r.tenant,
-    }
+from fairq.dashboard.views import recent_to_json, run_to_json
 
 
 @click.group(name="runs")
@@ -88,7 +50,7 @@ async def show(env_name: str, run_id: str, as_json: bool, url: str | None) -> No
             "result, or its outcome's retention passed)"
         )
     if as_json:
-        print_json(run_json(info))
+        print_json(run_to_json(info))
         return
     out = console()
     rows = [
@@ -138,7 +100,7 @@ async def recent(env_name: str, queue: str, limit: int, as_json: bool, url: str 
     finally:
         await rq.close()
     if as_json:
-        print_json([recent_json(r) for r in runs])
+        print_json([recent_to_json(r) for r in runs])
         return
     table = Table(title=f"recent runs of {env.id} {queue}", title_justify="left")
     for name in ("Run", "Status", "Finished", "Attempts", "Duration", "Key", "Tenant"):

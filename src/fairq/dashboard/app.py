@@ -12,6 +12,15 @@ Routes
                                         (per tenant, from the dequeue scripts' history)
 ``GET /api/queues/{env}/{queue}``       the same, as JSON
 ``POST /envs/{env}/dlq/{run}/redrive``  move a dead-lettered run back to its queue
+``GET /api/queues/{env}/{queue}/charts`` the last hour per minute (throughput, run time,
+                                        wait, dead letters), from the queue's history
+``GET /runs?run=ID[&env=E]``            find a run by id (every environment without ``env``)
+``GET /runs/{env}/{run}``               one run: payload, attempts, error and traceback
+``GET /api/runs/{env}/{run}``           the same, as JSON
+``POST /envs/{env}/actions/{action}``   pause, resume, cancel, redrive, redrive_all,
+                                        delete, limits, key_weight, key_cap,
+                                        tenant_weight, tenant_cap (form fields below);
+                                        confirmed in the page, audited (:mod:`.audit`)
 ``GET /metrics``                        Prometheus text format
 ``GET /static/...``                     the JS and CSS
 
@@ -53,6 +62,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
+from fairq.dashboard import audit
 from fairq.dashboard.prometheus import PROMETHEUS_CONTENT_TYPE, metrics_text
 from fairq.dashboard.security import (
     LOOPBACK_HOSTS,
@@ -64,10 +74,20 @@ from fairq.dashboard.security import (
     TokenMiddleware,
     local_path,
 )
-from fairq.dashboard.views import format_wait, load_overview, load_queue_detail
-from fairq.errors import FairqError, RunNotFoundError, ServerUnavailableError
+from fairq.dashboard.views import (
+    find_run,
+    format_wait,
+    load_charts,
+    load_overview,
+    load_queue_detail,
+    run_to_json,
+)
+from fairq.errors import FairqError, InvalidLimitError, RunNotFoundError, ServerUnavailableError
 from fairq.keys import Environment
+from fairq.models import CancelOutcome
+from fairq.outcomes import RunStatus
 from fairq.store import RunQueue
+from fairq.store.admin import Change, queue_option
 
 #: Seconds a request waits for the server before the dashboard calls it unreachable.
 STORE_TIMEOUT_S: Final = 10.0
@@ -112,6 +132,54 @@ def redrive_path(env: str, run_id: str) -> str:
     return f"/envs/{urlpart(env)}/dlq/{urlpart(run_id)}/redrive"
 
 
+def run_path(env: str, run_id: str) -> str:
+    """The page of a run."""
+    return f"/runs/{urlpart(env)}/{urlpart(run_id)}"
+
+
+def action_path(env: str, action: str) -> str:
+    """Where an action's form posts."""
+    return f"/envs/{urlpart(env)}/actions/{action}"
+
+
+#: The actions ``POST /envs/{env}/actions/{action}`` takes.
+ACTIONS: Final = (
+    "pause", "resume", "cancel", "redrive", "redrive_all", "delete", "limits", "key_weight",
+    "key_cap", "tenant_weight", "tenant_cap",
+)  # fmt: skip
+#: Words of a limit field that remove the setting.
+CLEAR_WORDS: Final = ("none", "unset", "default")
+#: Dead letters one "redrive all" moves at most (the rest: press again).
+MAX_REDRIVE_ALL: Final = 10_000
+
+
+class ActionError(Exception):
+    """A form that cannot be applied (400 with the reason)."""
+
+
+def _field(form: dict[str, list[str]], name: str, *, required: bool = True) -> str:
+    value = (form.get(name) or [""])[0].strip()
+    if required and not value:
+        raise ActionError(f"missing field {name!r}")
+    return value
+
+
+def _number(raw: str, name: str, kind: type[int] | type[float]) -> int | float | None:
+    """A form number; '' or a clear word removes the setting (None)."""
+    if raw.lower() in CLEAR_WORDS:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ActionError(f"{name}: {raw!r} is not a number or 'none'") from None
+
+
+def _who(request: Request, token: str | None) -> str:
+    peer = request.scope.get("client")  # (host, port) of the connection
+    host = str(peer[0]) if peer else "?"
+    return f"dashboard {host}" + (" (token)" if token else " (loopback)")
+
+
 def display_url(url: str) -> str:
     """A server URL fit to show: the host, port and path the client connects to, without
     user name, password, query (which may hold a password) or fragment."""
@@ -134,8 +202,9 @@ def _templates() -> Jinja2Templates:
     env.filters["wait"] = format_wait
     env.filters["limit"] = lambda value: "—" if value is None else str(value)
     env.globals.update(
-        queue_path=queue_path, queue_api_path=queue_api_path, redrive_path=redrive_path
-    )
+        queue_path=queue_path, queue_api_path=queue_api_path, redrive_path=redrive_path,
+        run_path=run_path, action_path=action_path,
+    )  # fmt: skip
     return Jinja2Templates(env=env)
 
 
@@ -216,11 +285,160 @@ def create_app(
         env, queue = _env_param(request), request.path_params["queue"]
         data = (await within(load_queue_detail(rq, env, queue))).to_json()
         flash = request.query_params.get("flash")
-        return page("queue.html", request, {"data": data, "flash": flash})
+        trail = await within(audit.entries(rq, env))
+        return page("queue.html", request, {"data": data, "flash": flash, "audit": trail})
 
     async def api_queue(request: Request) -> Response:
         env, queue = _env_param(request), request.path_params["queue"]
         return JSONResponse((await within(load_queue_detail(rq, env, queue))).to_json())
+
+    async def api_charts(request: Request) -> Response:
+        env, queue = _env_param(request), request.path_params["queue"]
+        return JSONResponse(await within(load_charts(rq, env, queue)))
+
+    async def search(request: Request) -> Response:
+        run_id = request.query_params.get("run", "").strip()
+        raw_env = request.query_params.get("env", "").strip()
+        env = Environment.parse(raw_env) if raw_env else None
+        found = await within(find_run(rq, run_id, env)) if run_id else None
+        if found is not None:
+            return RedirectResponse(run_path(found[0].id, run_id), status_code=303)
+        context = {"run_id": run_id, "env": raw_env, "info": None, "flash": None}
+        return page("run.html", request, context, status=404 if run_id else 200)
+
+    async def run_page(request: Request) -> Response:
+        env, run_id = _env_param(request), request.path_params["run_id"]
+        info = await within(rq.get_run(env, run_id))
+        context = {
+            "run_id": run_id, "env": env.id, "flash": request.query_params.get("flash"),
+            "info": None if info is None else run_to_json(info),
+        }  # fmt: skip
+        return page("run.html", request, context, status=200 if info else 404)
+
+    async def api_run(request: Request) -> Response:
+        env, run_id = _env_param(request), request.path_params["run_id"]
+        info = await within(rq.get_run(env, run_id))
+        if info is None:
+            return JSONResponse({"run_id": run_id, "error": "unknown run"}, status_code=404)
+        return JSONResponse(run_to_json(info))
+
+    async def apply_action(
+        env: Environment, action: str, form: dict[str, list[str]]
+    ) -> tuple[int, str, str, str]:
+        """Do one action; returns (status, flash, audit target, audit detail)."""
+        if action in ("pause", "resume"):
+            queue = _field(form, "queue")
+            await rq.configure(
+                env, [queue_option(queue, "paused", True if action == "pause" else None)]
+            )
+            return 200, f"{queue}: {action}d (its limits are kept)", f"queue {queue}", ""
+        if action in ("cancel", "delete", "redrive"):
+            run_id = _field(form, "run")
+            if action == "redrive":
+                try:
+                    await rq.redrive(env, run_id)
+                except RunNotFoundError:
+                    return 404, f"{run_id} is no longer in the dead-letter queue", "", ""
+                return 200, f"redriven {run_id}", f"run {run_id}", ""
+            info = await rq.get_run(env, run_id)
+            if action == "delete" and (info is None or info.status is not RunStatus.DEAD_LETTERED):
+                return 404, f"{run_id} is not in the dead-letter queue", "", ""
+            if action == "cancel" and (info is None or info.status is not RunStatus.QUEUED):
+                return 409, f"{run_id} is not queued: nothing to cancel", "", ""
+            outcome = await rq.cancel(env, run_id)
+            if not outcome.cancelled:
+                return 409, f"{run_id}: {outcome.value.replace('_', ' ')}", "", ""
+            done_word = "deleted" if outcome is CancelOutcome.REMOVED_FROM_DLQ else "cancelled"
+            return 200, f"{done_word} {run_id}", f"run {run_id}", ""
+        if action == "redrive_all":
+            queue = _field(form, "queue", required=False)
+            done, seen = 0, set()
+            while done < MAX_REDRIVE_ALL:
+                batch = [
+                    d for d in await rq.dead_letters(env, limit=500)
+                    if d.run_id not in seen and (not queue or d.queue == queue)
+                ]  # fmt: skip
+                if not batch:
+                    break
+                for d in batch:
+                    seen.add(d.run_id)
+                    try:
+                        await rq.redrive(env, d.run_id)
+                        done += 1
+                    except RunNotFoundError:
+                        pass  # redriven or deleted by someone else meanwhile
+            scope = f"queue {queue}" if queue else "every queue"
+            return 200, f"redriven {done} dead letter(s)", scope, f"{done} run(s)"
+        if action == "limits":
+            queue = _field(form, "queue")
+            changes: list[Change] = []
+            said: list[str] = []
+            for name, kind in (("concurrency", int), ("max_size", int), ("total", int),
+                               ("max_per_key", int)):  # fmt: skip
+                raw = _field(form, name, required=False)
+                if raw:
+                    value = _number(raw, name, kind)
+                    changes.append(queue_option(queue, name, value))
+                    said.append(f"{name} {'removed' if value is None else value}")
+            for name in ("order", "charge"):
+                raw = _field(form, name, required=False).lower()
+                if raw:
+                    changes.append(queue_option(queue, name, None if raw in CLEAR_WORDS else raw))
+                    said.append(f"{name} {raw}")
+            if not changes:
+                raise ActionError("nothing to change: fill in at least one field")
+            await rq.configure(env, changes)
+            return 200, f"{queue}: " + ", ".join(said), f"queue {queue}", ", ".join(said)
+        if action in ("key_weight", "key_cap"):
+            queue, key = _field(form, "queue"), _field(form, "key")
+            raw = _field(form, "value")
+            if action == "key_weight":
+                weight = _number(raw, "weight", float)
+                await rq.set_concurrency_key_weight(env, queue, key, weight)
+                detail = f"weight {'1 (reset)' if weight is None else f'{weight:g}'}"
+            else:
+                cap = _number(raw, "cap", int)
+                await rq.set_key_concurrency(env, queue, key, None if cap is None else int(cap))
+                detail = f"cap {'removed' if cap is None else cap}"
+            return 200, f"{queue} key {key}: {detail}", f"queue {queue} key {key}", detail
+        if action in ("tenant_weight", "tenant_cap"):
+            tenant, raw = _field(form, "tenant"), _field(form, "value")
+            if action == "tenant_weight":
+                weight = _number(raw, "weight", float)
+                await rq.set_tenant_weight(env, tenant, weight)
+                detail = f"weight {'1 (reset)' if weight is None else f'{weight:g}'}"
+                return 200, f"tenant {tenant}: {detail}", f"tenant {tenant}", detail
+            queue = _field(form, "queue")
+            cap = _number(raw, "cap", int)
+            await rq.set_tenant_concurrency(env, queue, tenant, None if cap is None else int(cap))
+            detail = f"cap {'removed' if cap is None else cap}"
+            return (
+                200,
+                f"{queue} tenant {tenant}: {detail}",
+                f"queue {queue} tenant {tenant}",
+                detail,
+            )
+        raise ActionError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+
+    async def action(request: Request) -> Response:
+        # Cross-site posts never get here (CrossSiteMiddleware); with a token, neither do
+        # requests without it (TokenMiddleware).
+        env, name = _env_param(request), request.path_params["action"]
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        back = local_path((form.get("next") or ["/"])[0]) or "/"
+        try:
+            status, flash, target, detail = await within(apply_action(env, name, form))
+        except (ActionError, InvalidLimitError) as exc:
+            status, flash, target, detail = 400, str(exc), "", ""
+        if status == 200:
+            await within(audit.record(
+                rq, env, who=_who(request, token), action=name, target=target, detail=detail
+            ))  # fmt: skip
+        if request.headers.get("accept", "").startswith("application/json"):
+            return JSONResponse({"action": name, "ok": status == 200, "message": flash},
+                                status_code=status)  # fmt: skip
+        sep = "&" if "?" in back else "?"
+        return RedirectResponse(f"{back}{sep}flash={quote(flash)}", status_code=303)
 
     async def redrive(request: Request) -> Response:
         # Cross-site posts never get here (CrossSiteMiddleware).
@@ -233,6 +451,10 @@ def create_app(
             status, flash = 200, f"redriven {run_id}"
         except RunNotFoundError:
             status, flash = 404, f"{run_id} is no longer in the dead-letter queue"
+        if status == 200:
+            await within(audit.record(
+                rq, env, who=_who(request, token), action="redrive", target=f"run {run_id}"
+            ))  # fmt: skip
         if request.headers.get("accept", "").startswith("application/json"):
             return JSONResponse({"run_id": run_id, "redriven": status == 200}, status_code=status)
         sep = "&" if "?" in back else "?"
@@ -270,8 +492,13 @@ def create_app(
         Route("/", index),
         Route("/api/overview", api_overview),
         Route("/queues/{env}/{queue:path}", queue_page),
+        Route("/api/queues/{env}/{queue:path}/charts", api_charts),
         Route("/api/queues/{env}/{queue:path}", api_queue),
+        Route("/runs", search),
+        Route("/runs/{env}/{run_id}", run_page),
+        Route("/api/runs/{env}/{run_id}", api_run),
         Route("/envs/{env}/dlq/{run_id}/redrive", redrive, methods=["POST"]),
+        Route("/envs/{env}/actions/{action}", action, methods=["POST"]),
         Route("/metrics", prometheus),
         Mount("/static", StaticFiles(packages=[(_PACKAGE, "static")]), name="static"),
     ]
@@ -312,10 +539,12 @@ __all__ = [
     "STORE_TIMEOUT_S",
     "TOKEN_COOKIE",
     "UNAVAILABLE_ERRORS",
+    "action_path",
     "create_app",
     "create_server",
     "display_url",
     "queue_api_path",
     "queue_path",
     "redrive_path",
+    "run_path",
 ]

@@ -19,7 +19,9 @@ from typing import Any, Final
 from fairq.dashboard.served import served_chart
 from fairq.keys import Environment
 from fairq.models import DeadLetter, EnvStats, QueueStats, VariantStats
-from fairq.store import RunQueue, wall_clock_ms
+from fairq.outcomes import RunInfo
+from fairq.store import RecentRun, RunQueue, wall_clock_ms
+from fairq.store.readers import HISTORY_BUCKET_MS
 
 #: Variant rows returned for a queue page.
 MAX_VARIANT_ROWS: Final = 200
@@ -27,6 +29,11 @@ MAX_VARIANT_ROWS: Final = 200
 MAX_DEAD_LETTERS: Final = 100
 #: Characters of a dead letter's payload shown.
 PAYLOAD_PREVIEW_CHARS: Final = 200
+#: Recently finished runs listed on a queue page.
+MAX_RECENT_RUNS: Final = 20
+#: How far back the queue page's charts reach (ms), and the width of one point (ms).
+CHART_WINDOW_MS: Final = 3_600_000
+CHART_POINT_MS: Final = 60_000
 
 
 def oldest_wait_s(oldest_score_ms: int | None, now_ms: int) -> float | None:
@@ -312,6 +319,8 @@ class QueueDetail:
     dead_letters: tuple[DeadLetterView, ...]
     #: :func:`fairq.dashboard.served.served_chart`.
     served: dict[str, Any]
+    #: The queue's most recently finished runs, newest first.
+    recent: tuple[RecentRun, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The page's data; at most :data:`MAX_VARIANT_ROWS` variants (busiest first)."""
@@ -327,6 +336,7 @@ class QueueDetail:
             "dead_letters": [d.to_json() for d in self.dead_letters],
             "dead_lettered": self.dead_lettered,
             "served": self.served,
+            "recent": [recent_to_json(r) for r in self.recent],
         }
 
 
@@ -343,6 +353,7 @@ async def load_queue_detail(
     served = await served_chart(rq, env, queue, now)
     es = await rq.env_stats(env)
     dead = await rq.dead_letters(env, limit=MAX_DEAD_LETTERS)
+    recent = await rq.recent_runs(env, queue, limit=MAX_RECENT_RUNS)
     return QueueDetail(
         now_ms=now,
         env=env.id,
@@ -353,7 +364,91 @@ async def load_queue_detail(
         dead_lettered=es.dead_lettered,
         dead_letters=tuple(DeadLetterView.of(d) for d in dead),
         served=served,
+        recent=tuple(recent),
     )
+
+
+def recent_to_json(r: RecentRun) -> dict[str, Any]:
+    """A recently finished run (queue page, ``fairq runs recent --json``)."""
+    return {
+        "run_id": r.run_id,
+        "status": r.status.value,
+        "finished_at_ms": r.finished_at_ms,
+        "attempts": r.attempts,
+        "duration_ms": r.duration_ms,
+        "concurrency_key": r.concurrency_key,
+        "tenant": r.tenant,
+    }
+
+
+def run_to_json(info: RunInfo) -> dict[str, Any]:
+    """A run in detail (the dashboard's run page, ``fairq runs show --json``)."""
+    return {
+        "run_id": info.run_id,
+        "status": info.status.value,
+        "queue": info.queue,
+        "concurrency_key": info.concurrency_key,
+        "tenant": info.tenant,
+        "attempts": info.attempts,
+        "enqueued_at_ms": info.enqueued_at_ms,
+        "due_at_ms": info.due_at_ms,
+        "started_at_ms": info.started_at_ms,
+        "finished_at_ms": info.finished_at_ms,
+        "duration_ms": info.duration_ms,
+        "payload": info.payload_json,
+        "result": info.result,
+        "error": info.error,
+        "traceback": info.traceback,
+        "cancel_requested": info.cancel_requested,
+        "progress": None if info.progress is None else list(info.progress),
+    }
+
+
+async def find_run(
+    rq: RunQueue, run_id: str, env: Environment | None = None, *, max_envs: int = 50
+) -> tuple[Environment, RunInfo] | None:
+    """A run by id: in ``env``, else in the first of (at most ``max_envs``) environments
+    that knows it (one read per environment tried)."""
+    envs = [env] if env is not None else (await rq.environments())[:max_envs]
+    for e in envs:
+        info = await rq.get_run(e, run_id)
+        if info is not None:
+            return e, info
+    return None
+
+
+async def load_charts(
+    rq: RunQueue, env: Environment, queue: str, *, now_ms: int | None = None
+) -> dict[str, Any]:
+    """The queue page's charts over the last hour, one point per minute (from the queue's
+    10-second history buckets: one pipeline of 360 reads, polled every 15 s by the page):
+    runs served / completed / failed / dead-lettered per minute, mean run time and mean
+    wait (available to dequeued), and the environment's dead-letter count now."""
+    now = wall_clock_ms() if now_ms is None else now_ms
+    buckets = await rq.history(env, queue, window_ms=CHART_WINDOW_MS, now_ms=now)
+    per_point = CHART_POINT_MS // HISTORY_BUCKET_MS
+    points: list[dict[str, Any]] = []
+    for i in range(0, len(buckets), per_point):
+        group = buckets[i : i + per_point]
+        served = sum(b.served for b in group)
+        completed = sum(b.completed for b in group)
+        finished = completed + sum(b.failed + b.timed_out for b in group)
+        run_ms = sum(b.run_ms for b in group)
+        wait_ms = sum(b.wait_ms for b in group)
+        points.append(
+            {
+                "start_ms": group[0].start_ms,
+                "served": served,
+                "completed": completed,
+                "failed": sum(b.failed + b.timed_out for b in group),
+                "retried": sum(b.retried for b in group),
+                "dead_lettered": sum(b.dead_lettered for b in group),
+                "mean_run_ms": run_ms / finished if finished else None,
+                "mean_wait_ms": wait_ms / served if served else None,
+            }
+        )
+    dead = (await rq.env_stats(env)).dead_lettered
+    return {"now_ms": now, "point_ms": CHART_POINT_MS, "points": points, "dead_lettered": dead}
 
 
 __all__ = [
@@ -365,8 +460,12 @@ __all__ = [
     "QueueDetail",
     "QueueView",
     "VariantView",
+    "find_run",
     "format_wait",
+    "load_charts",
     "load_overview",
     "load_queue_detail",
     "oldest_wait_s",
+    "recent_to_json",
+    "run_to_json",
 ]

@@ -37,6 +37,16 @@
   // Every name is encoded whole: a queue called "a/../jobs" stays one path segment.
   function queuePath(env, queue) { return "/queues/" + encodeURIComponent(env) + "/" + encodeURIComponent(queue); }
   function redrivePath(env, runId) { return "/envs/" + encodeURIComponent(env) + "/dlq/" + encodeURIComponent(runId) + "/redrive"; }
+  function runPath(env, runId) { return "/runs/" + encodeURIComponent(env) + "/" + encodeURIComponent(runId); }
+  function actionPath(env, action) { return "/envs/" + encodeURIComponent(env) + "/actions/" + action; }
+  function runApi(env, runId) { return "/api/runs/" + encodeURIComponent(env) + "/" + encodeURIComponent(runId); }
+  function hidden(name, value) { return el("input", { type: "hidden", name: name, value: value }); }
+  function stamp(ms) { return ms ? new Date(ms).toLocaleString() : "\u2014"; }
+  function fillStamps(root) {
+    root.querySelectorAll(".ts[data-ms]").forEach(function (node) {
+      if (node.dataset.ms) node.textContent = stamp(Number(node.dataset.ms));
+    });
+  }
   function setField(root, field, text) {
     var node = root.querySelector('[data-field="' + field + '"]');
     if (node && node.textContent !== text) node.textContent = text;
@@ -60,11 +70,12 @@
           td(limit(q.concurrency_limit), "num", "concurrency_limit"),
           td(limit(q.queue_size_limit), "num", "queue_size_limit"),
           td(wait(q.oldest_wait_s), "num", "oldest_wait"),
+          td(q.order, "", "order"),
           state,
         ]);
       });
-      if (!rows.length) rows = [el("tr", {}, [el("td", { colspan: "7", className: "empty", text: "no queues yet" })])];
-      var head = el("thead", {}, [el("tr", {}, ["Queue", "Queued", "Running", "Concurrency limit", "Size limit", "Oldest wait", "State"].map(function (h, i) {
+      if (!rows.length) rows = [el("tr", {}, [el("td", { colspan: "8", className: "empty", text: "no queues yet" })])];
+      var head = el("thead", {}, [el("tr", {}, ["Queue", "Queued", "Running", "Concurrency limit", "Size limit", "Oldest wait", "Order", "State"].map(function (h, i) {
         return el("th", { className: i > 0 && i < 6 ? "num" : "", text: h });
       }))]);
       frag.appendChild(el("section", { className: "card env", "data-env": e.env }, [
@@ -90,33 +101,66 @@
     setField(tiles, "oldest_wait", wait(q.oldest_wait_s));
     setField(tiles, "state", q.paused ? "paused" : "active");
     setField(tiles, "env_running", String(data.env_running));
+    setField(tiles, "order", q.order);
+    setField(tiles, "max_per_key", limit(q.max_per_key));
+    setField(tiles, "charge", q.charge);
+    setField(tiles, "delayed", String(q.delayed));
+    setField(tiles, "next_due", q.next_due_ms ? "next due " + new Date(q.next_due_ms).toLocaleTimeString() : "");
+    var pause = document.getElementById("pause-form");
+    if (pause) {
+      var verb = q.paused ? "resume" : "pause";
+      pause.setAttribute("action", actionPath(data.env, verb));
+      pause.dataset.confirm = (q.paused ? "Resume" : "Pause") + " queue " + q.queue + "?";
+      document.getElementById("pause-button").textContent = q.paused ? "Resume" : "Pause";
+    }
     document.getElementById("variant-count").textContent = String(data.variant_count);
 
     var vrows = data.variants.map(function (v) {
-      var cells = [td(v.key, "key"), td(String(v.queued), "num", "queued"), td(String(v.running), "num", "running"), td(wait(v.oldest_wait_s), "num")];
+      var cells = [td(v.key, "key"), td(v.tenant || "\u2014"), td(String(v.queued), "num", "queued"), td(String(v.running), "num", "running"),
+        td(limit(v.cap), "num", "cap"), td(wait(v.oldest_wait_s), "num")];
       if (data.fair_order) {
-        cells.push(td(v.virtual_tag === null ? "\u2014" : v.virtual_tag.toFixed(2), "num"));
-        cells.push(td(String(v.weight), "num"));
+        cells.push(td(v.virtual_tag === null ? "\u2014" : v.virtual_tag.toFixed(2), "num", "tag"));
+        cells.push(td(String(v.weight), "num", "weight"));
       }
       return el("tr", { "data-key": v.key }, cells);
     });
-    if (!vrows.length) vrows = [el("tr", {}, [el("td", { colspan: "6", className: "empty", text: "no concurrency-key runs" })])];
+    if (!vrows.length) vrows = [el("tr", {}, [el("td", { colspan: "8", className: "empty", text: "no concurrency-key runs" })])];
     document.querySelector("#variants tbody").replaceChildren.apply(document.querySelector("#variants tbody"), vrows);
 
     document.getElementById("dlq-count").textContent = String(data.dead_lettered);
     var back = queuePath(data.env, q.queue);
     var drows = data.dead_letters.map(function (d) {
       var form = el("form", { method: "post", action: redrivePath(data.env, d.run_id) }, [
-        el("input", { type: "hidden", name: "next", value: back }),
+        hidden("next", back),
         el("button", { type: "submit", className: "redrive", text: "Redrive" }),
       ]);
+      var del = el("form", { method: "post", action: actionPath(data.env, "delete"), "data-confirm": "Delete dead letter " + d.run_id + " for good?" }, [
+        hidden("run", d.run_id), hidden("next", back),
+        el("button", { type: "submit", className: "delete", text: "Delete" }),
+      ]);
+      var tb = el("details", { className: "tb", "data-run": d.run_id }, [el("summary", { text: "traceback" }), el("pre", { text: tracebacks[d.run_id] || "" })]);
+      if (openTracebacks[d.run_id]) tb.open = true;
       return el("tr", { "data-run": d.run_id }, [
-        td(d.run_id, "key"), td(d.queue), td(d.key || "\u2014"), td(String(d.attempt), "num"),
-        td(new Date(d.dead_lettered_at_ms).toLocaleTimeString(), "ts"), td(d.error || "\u2014", "payload"), td(d.payload, "payload"), el("td", {}, [form]),
+        el("td", { className: "key" }, [el("a", { href: runPath(data.env, d.run_id), text: d.run_id })]), td(d.queue), td(d.key || "\u2014"), td(String(d.attempt), "num"),
+        td(new Date(d.dead_lettered_at_ms).toLocaleTimeString(), "ts"),
+        el("td", { className: "payload error" }, [document.createTextNode(d.error || "\u2014"), tb]),
+        td(d.payload, "payload"), el("td", { className: "buttons" }, [form, del]),
       ]);
     });
     if (!drows.length) drows = [el("tr", {}, [el("td", { colspan: "8", className: "empty", text: "the dead-letter queue is empty" })])];
     document.querySelector("#dlq tbody").replaceChildren.apply(document.querySelector("#dlq tbody"), drows);
+
+    var rrows = (data.recent || []).map(function (r) {
+      return el("tr", { "data-run": r.run_id }, [
+        el("td", { className: "key" }, [el("a", { href: runPath(data.env, r.run_id), text: r.run_id })]),
+        el("td", {}, [el("span", { className: "badge " + r.status, text: r.status })]),
+        td(stamp(r.finished_at_ms), "ts"), td(String(r.attempts), "num"),
+        td(r.duration_ms === null ? "\u2014" : r.duration_ms + " ms", "num"), td(r.concurrency_key || "\u2014"), td(r.tenant || "\u2014"),
+      ]);
+    });
+    if (!rrows.length) rrows = [el("tr", {}, [el("td", { colspan: "7", className: "empty", text: "no finished runs yet" })])];
+    var rbody = document.querySelector("#recent tbody");
+    rbody.replaceChildren.apply(rbody, rrows);
 
     var src = document.getElementById("served-source");
     src.dataset.source = data.served.source;
@@ -183,6 +227,93 @@
     }));
   }
 
+  // ------------------------------------------------------------------ tracebacks
+  // A dead letter's traceback is read when its row is opened (one request), then kept
+  // open and cached across live refreshes.
+  var tracebacks = {}, openTracebacks = {};
+  document.addEventListener("toggle", function (e) {
+    var node = e.target;
+    if (!node.matches || !node.matches("details.tb")) return;
+    var runId = node.dataset.run;
+    openTracebacks[runId] = node.open;
+    if (!node.open || tracebacks[runId] !== undefined) return;
+    var env = JSON.parse(document.getElementById("initial-data").textContent).env;
+    fetch(runApi(env, runId), { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : { traceback: null }; })
+      .then(function (info) {
+        tracebacks[runId] = info.traceback || "(no traceback kept)";
+        document.querySelectorAll('details.tb[data-run="' + CSS.escape(runId) + '"] pre').forEach(function (pre) { pre.textContent = tracebacks[runId]; });
+      });
+  }, true);
+
+  // ------------------------------------------------------------------ confirmations
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    if (form.dataset && form.dataset.confirm && !window.confirm(form.dataset.confirm)) e.preventDefault();
+  }, true);
+
+  // ------------------------------------------------------------------ charts (SVG)
+  var SVG = "http://www.w3.org/2000/svg";
+  function svgEl(tag, attrs, text) {
+    var node = document.createElementNS(SVG, tag);
+    Object.keys(attrs).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  function lineChart(svg, points, series, opts) {
+    var W = 600, H = 160, L = 40, R = 8, T = 8, B = 20;
+    var n = points.length, max = 0;
+    series.forEach(function (s) { points.forEach(function (p) { var v = p[s.field]; if (v !== null && v > max) max = v; }); });
+    var nodes = [];
+    [0, 0.5, 1].forEach(function (f) {
+      var y = T + (H - T - B) * (1 - f);
+      nodes.push(svgEl("line", { "class": "axis", x1: L, x2: W - R, y1: y, y2: y }));
+      nodes.push(svgEl("text", { "class": "lbl", x: L - 4, y: y + 3, "text-anchor": "end" }, max ? String(Math.round(max * f)) : (f ? "" : "0")));
+    });
+    nodes.push(svgEl("text", { "class": "lbl", x: L, y: H - 5 }, "\u221260 min"));
+    nodes.push(svgEl("text", { "class": "lbl", x: W - R, y: H - 5, "text-anchor": "end" }, "now"));
+    var x = function (i) { return L + (W - L - R) * (n > 1 ? i / (n - 1) : 0); };
+    var y = function (v) { return T + (H - T - B) * (1 - (max ? v / max : 0)); };
+    series.forEach(function (s, k) {
+      var d = "", pen = false, drawn = 0;
+      points.forEach(function (p, i) {
+        var v = p[s.field];
+        if (v === null || v === undefined) { pen = false; return; }
+        d += (pen ? "L" : "M") + x(i).toFixed(1) + " " + y(v).toFixed(1) + " "; pen = true; drawn++;
+      });
+      if (opts.bars) {
+        points.forEach(function (p, i) {
+          var v = p[s.field] || 0; if (!v) return;
+          nodes.push(svgEl("rect", { "class": "bar", x: x(i) - 2, y: y(v), width: 4, height: (H - B) - y(v), "data-series": s.field }));
+        });
+      } else if (drawn) {
+        nodes.push(svgEl("path", { "class": "s" + k, d: d.trim(), "data-series": s.field }));
+      }
+      nodes.push(svgEl("text", { "class": "lbl key" + k, x: L + 6 + k * 110, y: T + 10 }, s.label + (drawn || opts.bars ? "" : " (no data)")));
+    });
+    svg.replaceChildren.apply(svg, nodes);
+    svg.dataset.points = String(n);
+  }
+  function drawCharts(charts) {
+    var pts = charts.points;
+    lineChart(document.getElementById("chart-throughput"), pts, [
+      { field: "served", label: "served" }, { field: "completed", label: "completed" }, { field: "failed", label: "failed" },
+    ], {});
+    lineChart(document.getElementById("chart-wait"), pts, [
+      { field: "mean_wait_ms", label: "wait" }, { field: "mean_run_ms", label: "run time" },
+    ], {});
+    lineChart(document.getElementById("chart-dead"), pts, [{ field: "dead_lettered", label: "dead-lettered" }], { bars: true });
+    document.getElementById("chart-dlq").textContent = String(charts.dead_lettered);
+    document.getElementById("charts").dataset.loaded = String(charts.now_ms);
+  }
+  function refreshCharts() {
+    fetch(api + "/charts", { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(drawCharts)
+      .catch(function () {})
+      .finally(function () { setTimeout(refreshCharts, 15000); });
+  }
+
   // ------------------------------------------------------------------ polling
   var live = document.getElementById("live"), liveText = document.getElementById("live-text");
   function refresh() {
@@ -203,12 +334,11 @@
       .catch(function (err) { live.classList.add("stale"); liveText.textContent = "offline (" + err.message + ")"; })
       .finally(function () { setTimeout(refresh, REFRESH_MS); });
   }
-  document.querySelectorAll("td.ts[data-ms]").forEach(function (node) {
-    node.textContent = new Date(Number(node.dataset.ms)).toLocaleTimeString();
-  });
+  fillStamps(document);
   if (page === "queue") {
     drawChart(JSON.parse(document.getElementById("initial-data").textContent).served);
     window.addEventListener("resize", function () { refresh(); });
+    refreshCharts();
   }
   if (page === "unavailable") { live.classList.add("stale"); liveText.textContent = "offline"; }
   if (api) setTimeout(refresh, REFRESH_MS);
