@@ -1,7 +1,9 @@
 """CK-queue throughput: dequeue + ack runs/s and server commands per run, age order vs
-fair order, with 1 and 10 busy concurrency keys, at max_per_key_per_call 1 and 10.
+fair order, with 1 and 10 busy concurrency keys, at max_per_key_per_call 1 and 10; with
+``--tenants``, at 10 / 1,000 / 10,000 keys owned by 1 or 100 named tenants (each case
+run age then fair, back to back, and reported as a ratio).
 
-    python bench/ck_throughput.py [--runs 3000] [--max-count 10] [--url redis://...]
+    python bench/ck_throughput.py [--runs 3000] [--max-count 10] [--tenants] [--url redis://...]
 
 Prints one JSON document: a row per (busy keys, max_per_key_per_call, order). Commands
 per run come from INFO commandstats through ``RunQueue.command_stats`` (Lua's
@@ -20,6 +22,7 @@ from typing import Any
 
 from fairq.config import RunQueueConfig
 from fairq.keys import Environment
+from fairq.models import EnqueueRequest
 from fairq.server import EmbeddedServer, connect
 from fairq.store import RunQueue
 
@@ -34,15 +37,27 @@ async def _commands(rq: RunQueue) -> int:
 
 
 async def measure(
-    url: str, prefix: str, *, keys: int, max_per_key: int, fair: bool, runs: int, max_count: int
+    url: str,
+    prefix: str,
+    *,
+    keys: int,
+    max_per_key: int | None,
+    fair: bool,
+    runs: int,
+    max_count: int,
+    tenants: int = 0,
 ) -> dict[str, Any]:
     config = RunQueueConfig(prefix=prefix, max_per_key_per_call=max_per_key,
                             default_env_concurrency=1000)  # fmt: skip
     rq = RunQueue(await connect(url), config.with_vtime(enabled=fair), rng=random.Random(1))
     env = Environment("bench", "p", "e")
-    for i in range(runs):
-        await rq.enqueue(env, QUEUE, f"r{i}", {"i": i}, concurrency_key=f"k{i % keys}",
-                         available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
+    requests = [
+        EnqueueRequest(env, QUEUE, f"r{i}", {"i": i}, f"k{i % keys}", available_at_ms=T0 + i,
+                       tenant=f"t{i % keys % tenants}" if tenants else None)
+        for i in range(runs)
+    ]  # fmt: skip
+    for i in range(0, runs, 1000):
+        await rq.enqueue_many(requests[i : i + 1000], now_ms=T0)
     before = await _commands(rq)
     done = calls = 0
     started = time.perf_counter()
@@ -56,9 +71,11 @@ async def measure(
         done += len(batch)
     elapsed = time.perf_counter() - started
     commands = await _commands(rq) - before
+    await rq.purge()
     await rq.close()
     return {
         "busy_keys": keys,
+        "tenants": tenants or None,
         "max_per_key_per_call": max_per_key,
         "order": "fair" if fair else "age",
         "runs": done,
@@ -69,12 +86,42 @@ async def measure(
     }
 
 
-async def main_async(url: str, runs: int, max_count: int) -> dict[str, Any]:
+async def tenant_matrix(url: str, runs: int, max_count: int) -> dict[str, Any]:
+    """Age vs fair at 10 / 1,000 / 10,000 keys owned by 1 or 100 tenants (store defaults
+    for max_per_key_per_call: 1 in the age order, the whole call in the fair order)."""
+    rows = []
+    n = 0
+    for keys in (10, 1000, 10_000):
+        for tenants in (1, 100):
+            pair = {}
+            for fair in (False, True):
+                n += 1
+                pair[fair] = await measure(
+                    url, f"tm{n}x{random.randrange(10**6)}", keys=keys, max_per_key=None,
+                    fair=fair, runs=max(runs, keys), max_count=max_count, tenants=tenants,
+                )  # fmt: skip
+            rows.append(
+                {
+                    "busy_keys": keys,
+                    "tenants": tenants,
+                    "age": pair[False],
+                    "fair": pair[True],
+                    "fair_over_age_runs_per_second": round(
+                        pair[True]["runs_per_second"] / pair[False]["runs_per_second"], 2
+                    ),
+                }
+            )
+    return {"max_count": max_count, "rows": rows}
+
+
+async def main_async(url: str, runs: int, max_count: int, tenants: bool) -> dict[str, Any]:
     rows = []
     n = 0
     for fair in (False, True):  # warm-up (script load, server caches); discarded
         await measure(url, f"warm{int(fair)}x{random.randrange(10**6)}", keys=10, max_per_key=1,
                       fair=fair, runs=500, max_count=max_count)  # fmt: skip
+    if tenants:
+        return await tenant_matrix(url, runs, max_count)
     for keys in (1, 10):
         for max_per_key in (1, 10):
             for fair in (False, True):
@@ -90,12 +137,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--max-count", type=int, default=10)
     parser.add_argument("--url")
+    parser.add_argument("--tenants", action="store_true", help="the keys x tenants matrix")
     args = parser.parse_args()
     if args.url:
-        result = asyncio.run(main_async(args.url, args.runs, args.max_count))
+        result = asyncio.run(main_async(args.url, args.runs, args.max_count, args.tenants))
     else:
         with EmbeddedServer() as server:
-            result = asyncio.run(main_async(server.url, args.runs, args.max_count))
+            result = asyncio.run(main_async(server.url, args.runs, args.max_count, args.tenants))
     print(json.dumps(result, indent=2))
 
 
