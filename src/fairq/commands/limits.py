@@ -110,6 +110,7 @@ def queue_limits_json(q: QueueStats) -> dict[str, Any]:
         "total_concurrency_limit": q.total_concurrency_limit,
         "rate": q.rate, "rate_burst": q.rate_burst, "borrow": q.borrow, "order": q.order,
         "max_per_key": q.max_per_key_per_call, "charge": q.charge, "paused": q.paused,
+        "quantum": q.quantum, "window": q.window, "join": q.join, "arrival_cap": q.arrival_cap,
         "running": q.running,
         "keys": [
             {"key": v.concurrency_key, "tenant": v.tenant, "cap": v.cap, "weight": v.weight}
@@ -142,6 +143,9 @@ async def get_limits(env_name: str, queue: str | None, as_json: bool, url: str |
             "env": env.id, "concurrency_limit": e.concurrency_limit,
             "burst_factor": e.burst_factor, "queue_size_limit": e.queue_size_limit,
             "order": e.order, "weight": e.weight, "running": e.running,
+            "quantum": e.quantum, "window": e.window, "join": e.join,
+            "arrival_cap": e.arrival_cap, "max_per_key": e.max_per_key_per_call,
+            "charge": e.charge,
             "queues": [queue_limits_json(q) for q in stats],
             "tenant_weights": {t.tenant or "": t.weight for t in tenants if t.weight != 1.0},
         })  # fmt: skip
@@ -150,11 +154,12 @@ async def get_limits(env_name: str, queue: str | None, as_json: bool, url: str |
     table.add_column("Scope", overflow="fold")
     for name in ("Concurrency", "Burst", "Size limit", "Total", "Rate/s", "Running"):
         table.add_column(name, justify="right")
-    for name in ("Order", "Max/key", "Charge", "Paused"):
-        table.add_column(name)
+    for name in ("Order", "Max/key", "Charge", "Fair (quantum/window/join)", "Paused"):
+        table.add_column(name, overflow="fold")
     table.add_row(
         "env", str(e.concurrency_limit), f"{e.burst_factor:g}", _limit(e.queue_size_limit),
-        "", "", str(e.running), e.order, "", "", "",
+        "", "", str(e.running), e.order, _limit(e.max_per_key_per_call), e.charge,
+        f"{e.quantum:g}/{e.window}/{e.join}", "",
     )  # fmt: skip
     for q in stats:
         rate = (
@@ -174,6 +179,7 @@ async def get_limits(env_name: str, queue: str | None, as_json: bool, url: str |
             q.order,
             _limit(q.max_per_key_per_call),
             q.charge,
+            f"{q.quantum:g}/{q.window}/{q.join}",
             "paused" if q.paused else "",
         )
     out = console()
