@@ -690,7 +690,11 @@ async def realistic_workload(rq: RunQueue, env: Environment, now: int) -> None:
         await rq.enqueue(env, "webhooks", f"hook-{key}-{i}", {"url": f"https://{key}.example/cb"},
                          concurrency_key=key, now_ms=now - 50_000)  # fmt: skip
         (d,) = await rq.dequeue_from_queue(env, "webhooks", keyed=True, max_count=1, now_ms=now)
-        await rq.nack(d, max_attempts=1, now_ms=now - 40_000 + i * 7_000)
+        error = f"HTTPError: 503 from https://{key}.example/cb"
+        trace = ("Traceback (most recent call last):\n  File \"hooks.py\", line 12, in deliver\n"
+                 f"    response.raise_for_status()\n{error}\n")  # fmt: skip
+        await rq.nack(d, max_attempts=1, error=error, traceback=trace,
+                      now_ms=now - 40_000 + i * 7_000)  # fmt: skip
     staging = Environment("acme", "media", "staging")
     for i in range(14):
         await rq.enqueue(staging, "video/encode", f"s-{i}", concurrency_key=f"qa-{i % 3}",

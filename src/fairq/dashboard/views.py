@@ -30,7 +30,7 @@ MAX_DEAD_LETTERS: Final = 100
 #: Characters of a dead letter's payload shown.
 PAYLOAD_PREVIEW_CHARS: Final = 200
 #: Recently finished runs listed on a queue page.
-MAX_RECENT_RUNS: Final = 20
+MAX_RECENT_RUNS: Final = 10
 #: How far back the queue page's charts reach (ms), and the width of one point (ms).
 CHART_WINDOW_MS: Final = 3_600_000
 CHART_POINT_MS: Final = 60_000

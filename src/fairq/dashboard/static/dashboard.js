@@ -44,7 +44,9 @@
   function stamp(ms) { return ms ? new Date(ms).toLocaleString() : "\u2014"; }
   function fillStamps(root) {
     root.querySelectorAll(".ts[data-ms]").forEach(function (node) {
-      if (node.dataset.ms) node.textContent = stamp(Number(node.dataset.ms));
+      if (!node.dataset.ms) return;
+      var d = new Date(Number(node.dataset.ms));
+      node.textContent = node.tagName === "TD" ? d.toLocaleTimeString() : d.toLocaleString();
     });
   }
   function setField(root, field, text) {
@@ -154,7 +156,7 @@
       return el("tr", { "data-run": r.run_id }, [
         el("td", { className: "key" }, [el("a", { href: runPath(data.env, r.run_id), text: r.run_id })]),
         el("td", {}, [el("span", { className: "badge " + r.status, text: r.status })]),
-        td(stamp(r.finished_at_ms), "ts"), td(String(r.attempts), "num"),
+        td(new Date(r.finished_at_ms).toLocaleTimeString(), "ts"), td(String(r.attempts), "num"),
         td(r.duration_ms === null ? "\u2014" : r.duration_ms + " ms", "num"), td(r.concurrency_key || "\u2014"), td(r.tenant || "\u2014"),
       ]);
     });
