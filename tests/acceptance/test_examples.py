@@ -70,7 +70,7 @@ def django_project(redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.syspath_prepend(str(EXAMPLES / "django_example"))
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "django_example_site.settings")
     django.setup()
-    from reports import tasks  # the example's app
+    tasks = importlib.import_module("reports.tasks")  # the example's app
 
     tasks.app.use_server(redis_url, prefix=prefix)
     yield tasks
@@ -80,7 +80,7 @@ def django_project(redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch)
 async def test_the_django_command_triggers_and_waits_while_a_worker_runs(
     django_project: Any,
 ) -> None:
-    from django.core.management import call_command  # type: ignore[import-untyped]
+    call_command = importlib.import_module("django.core.management").call_command
 
     app = django_project.app
     worker = Worker(app, concurrency=2, idle_timeout=0.2)
@@ -99,7 +99,7 @@ async def test_the_django_command_triggers_and_waits_while_a_worker_runs(
 
 
 async def test_the_django_worker_command_runs_queued_reports(django_project: Any) -> None:
-    from django.core.management import call_command  # type: ignore[import-untyped]
+    call_command = importlib.import_module("django.core.management").call_command
 
     handles = [await django_project.build_report.trigger({"account": a}) for a in ("a", "bb")]
     out = io.StringIO()
