@@ -51,29 +51,26 @@ class MaintenanceOps(StoreCore):
         self, *, now_ms: int | None = None, batch: int = 100, shards: Iterable[int] | None = None
     ) -> int:
         """Requeue runs whose lease lapsed (lost consumers), on every shard (or ``shards``)."""
-        validate.integer("batch", batch, 1, 10_000)
-        if now_ms is not None:
-            validate.time_ms("now_ms", now_ms)
-        total = 0
-        for s in self._shard_keys(shards):
-            order = self.order_for_shard(s.shard)
-            reply = await self.call("reclaim", order, s.tag, [str(batch)], now_ms)
-            self.decode("reclaim", reply[0])
-            total += int(reply[1])
-        return total
+        return await self._sweep("reclaim", now_ms, batch, shards)
 
     async def expire_ttl(
         self, *, now_ms: int | None = None, batch: int = 100, shards: Iterable[int] | None = None
     ) -> int:
         """Expire queued runs whose TTL passed, on every shard (or ``shards``); returns how many."""
+        return await self._sweep("expire_ttl", now_ms, batch, shards)
+
+    async def _sweep(
+        self, operation: str, now_ms: int | None, batch: int, shards: Iterable[int] | None
+    ) -> int:
+        """Run a shard-wide maintenance script on each shard; the runs it handled."""
         validate.integer("batch", batch, 1, 10_000)
         if now_ms is not None:
             validate.time_ms("now_ms", now_ms)
         total = 0
         for s in self._shard_keys(shards):
-            order = self.order_for_shard(s.shard)
-            reply = await self.call("expire_ttl", order, s.tag, [str(batch)], now_ms)
-            self.decode("expire_ttl", reply[0])
+            reply = await self.call(operation, self.order_for_shard(s.shard), s.tag,
+                                    [str(batch)], now_ms)  # fmt: skip
+            self.decode(operation, reply[0])
             total += int(reply[1])
         return total
 
