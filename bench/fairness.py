@@ -83,6 +83,7 @@ LIGHT_GROUP = {
     "tenantQueues": "single",
     "tenantTenThousandKeys": "light",
     "tenantWeighted": "highEarly",
+    "tenantJoinPolicy": "fresh",
     "capHiddenKeys": "zquick",
     "borrowLoneKey": "lone",
     "chargeLongShort": "short",
@@ -354,34 +355,69 @@ def scenario_tables(records: Records) -> str:
     return "\n".join(out)
 
 
+def group_table(records: Records, scenarios: tuple[str, ...]) -> str:
+    """Per group of the given scenarios, under each discipline: mean and max wait, first
+    serve, contention share and slot share."""
+    by = _by(records)
+    out = [
+        "| scenario | discipline | group | mean wait | max wait | first serve | "
+        "contention share | slot share |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for scenario in scenarios:
+        for label, rs in by.get(scenario, {}).items():
+            for name in rs[0]["groups"]:
+                gs = [r["groups"][name] for r in rs]
+                out.append(
+                    f"| {scenario} | `{label}` | {name} | "
+                    f"{_mean_range([g['mean_wait'] for g in gs], 1)} | "
+                    f"{_mean_range([float(g['max_wait']) for g in gs], 0)} | "
+                    f"{_first(rs, name)} | "
+                    f"{_shares([g['contention_share'] for g in gs])} | "
+                    f"{_shares([g['slot_share'] for g in gs])} |"
+                )
+    return "\n".join(out) + "\n"
+
+
+#: Scenarios of the charging and join-policy blocks.
+CHARGE_SCENARIOS = ("chargeLongShort", "longHold")
+JOIN_SCENARIOS = ("tenantJoinPolicy", "ckFreshKeyFlood", "ckLateLight")
+
+
 def sections(records: Records) -> dict[str, str]:
-    """The generated blocks of docs/fairness.md, by name."""
+    """The generated blocks of docs/fairness.md, by name (``how`` holds only the note
+    of how and when the records were made)."""
     return {
+        "how": "",
         "headline": headline_table(records),
         "tenants": tenant_tables(records),
         "caps": caps_table(records),
+        "charge": group_table(records, CHARGE_SCENARIOS),
+        "join": group_table(records, JOIN_SCENARIOS),
         "scenarios": scenario_tables(records),
     }
 
 
 def markdown(records: Records) -> str:
     """Every generated block, one after the other."""
-    return "\n".join(f"### {name}\n\n{text}" for name, text in sections(records).items())
+    return "\n".join(f"### {name}\n\n{text}" for name, text in sections(records).items() if text)
 
 
-def update_doc(path: Path, records: Records, note: str) -> None:
-    """Replace each generated block of ``path`` (between its markers) with a fresh one."""
+def update_doc(path: Path, records: Records, run: str) -> None:
+    """Replace each generated block of ``path`` (between its markers) with a fresh one;
+    ``run`` says how and when the records were made (shown in the ``how`` block, and as
+    a comment at the top of the others)."""
     text = path.read_text()
     for name, block in sections(records).items():
         pattern = re.compile(
             rf"(<!-- bench/fairness\.py:{name} -->\n).*?(<!-- /bench/fairness\.py:{name} -->)",
             re.S,
         )
-        if pattern.search(text) is None:
-            raise SystemExit(f"{path}: no block <!-- bench/fairness.py:{name} --> ... end")
         found = pattern.search(text)
-        assert found is not None
-        text = text[: found.end(1)] + note + "\n" + block + text[found.start(2) :]
+        if found is None:
+            raise SystemExit(f"{path}: no block <!-- bench/fairness.py:{name} --> ... end")
+        fresh = f"{run}\n" if name == "how" else f"<!-- {run} -->\n\n{block}"
+        text = text[: found.end(1)] + fresh + text[found.start(2) :]
     path.write_text(text)
 
 
@@ -401,7 +437,13 @@ async def main() -> None:
     args = parser.parse_args()
     if args.from_json:
         records = json.loads(args.from_json.read_text())
-        note = f"<!-- rebuilt from {args.from_json.name}: {_lost(records)} -->\n"
+        seeds = max(r["seed"] for r in records) + 1
+        made = time.strftime("%Y-%m-%d", time.localtime(args.from_json.stat().st_mtime))
+        run = (
+            f"Measured with `python bench/fairness.py --seeds {seeds}` on {made} "
+            f"(seeds 0..{seeds - 1}, a private Valkey; tables rebuilt from the saved "
+            f"records): {len(records)} runs; {_lost(records)}."
+        )
     else:
         scenarios = [s for s in builtin_scenarios() if not args.scenario or s.name in args.scenario]
         runs = plan(scenarios, None, args.seeds)
@@ -416,14 +458,16 @@ async def main() -> None:
         print(f"{len(records)} runs in {elapsed:.1f}s", file=sys.stderr)
         json.dump(records, sys.stdout, indent=1)
         sys.stdout.write("\n")
-        note = (
-            f"<!-- bench/fairness.py --seeds {args.seeds}, {time.strftime('%Y-%m-%d')}: "
-            f"{len(records)} runs in {elapsed:.0f}s; {_lost(records)} -->\n"
+        where = "FAIRQ_REDIS_URL" if os.environ.get("FAIRQ_REDIS_URL") else "a private Valkey"
+        run = (
+            f"Measured with `python bench/fairness.py --seeds {args.seeds}` on "
+            f"{time.strftime('%Y-%m-%d')} (seeds 0..{args.seeds - 1}, {where}): "
+            f"{len(records)} runs in {elapsed:.0f} s; {_lost(records)}."
         )
     if args.markdown:
-        args.markdown.write_text(note + "\n" + markdown(records))
+        args.markdown.write_text(f"{run}\n\n{markdown(records)}")
     if args.doc:
-        update_doc(args.doc, records, note)
+        update_doc(args.doc, records, run)
 
 
 if __name__ == "__main__":

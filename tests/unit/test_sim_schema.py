@@ -71,7 +71,7 @@ def test_every_builtin_scenario_is_valid_and_listed() -> None:
         "ckSkew", "ckTrickle", "ckSybil", "ckBalanced", "ckHeavyIdle", "ckManyKeys",
         "ckStalledNewcomer", "ckLateLight", "ckFreshKeyFlood", "tenantManyKeys",
         "tenantKeyFlood", "tenantQueues", "tenantTenThousandKeys", "tenantWeighted",
-        "capHiddenKeys", "borrowLoneKey", "chargeLongShort", "rateLimited",
+        "tenantJoinPolicy", "capHiddenKeys", "borrowLoneKey", "chargeLongShort", "rateLimited",
     ):  # fmt: skip
         assert required in names
     assert len(names) == len(set(names))

@@ -3,8 +3,8 @@
 Spec grammar: ``NAME[:OPT=VALUE[,OPT=VALUE...]]``, or ``codel:INNER`` with INNER any
 other spec. ``age`` and ``sfq`` run fairq's real scripts (flag off / flag on); ``drr`` and
 ``stride`` are driver-side reference models that pick one key per dequeue call
-(``max_count`` 1, as the seed's spikes did); ``codel`` hoists the stalest key when the
-standing delay stays above a target (the seed's CoDel wrapper) and otherwise defers to
+(``max_count`` 1, as the design study's experiments did); ``codel`` hoists the stalest key when the
+standing delay stays above a target (the design study's CoDel wrapper) and otherwise defers to
 its inner discipline.
 
 Options:
@@ -309,7 +309,7 @@ def make_model(d: Discipline, weights: dict[str, float], order: list[str]) -> Mo
 
 @dataclass
 class CoDelState:
-    """The seed's CoDel wrapper state: once the smallest sojourn served in a step has
+    """The design study's CoDel wrapper state: once the smallest sojourn served in a step has
     stayed above ``target`` for ``interval`` steps, the next steps start by serving the
     stalest key (hoist) until a step's smallest sojourn drops to the target again."""
 

@@ -167,12 +167,14 @@ class Simulation:
         self.borrow = discipline.borrow(scenario.borrow)
         opts = discipline.options
         per_key = opts.get("max_per_key_per_call")
+        # every option the discipline does not set keeps the store's default
+        default = VirtualTimeOptions()
         vtime = VirtualTimeOptions(
             enabled=self.fair,
-            quantum=float(opts.get("quantum", 1.0)) if self.fair else 1.0,  # type: ignore[arg-type]
-            scan_window_multiplier=int(opts.get("window", 3)),  # type: ignore[call-overload]
-            join_policy=str(opts.get("join", "floor")),  # type: ignore[arg-type]
-            arrival_cap=float(opts.get("arrival_cap", 2.0**32)),  # type: ignore[arg-type]
+            quantum=float(opts.get("quantum", default.quantum)) if self.fair else 1.0,  # type: ignore[arg-type]
+            scan_window_multiplier=int(opts.get("window", default.scan_window_multiplier)),  # type: ignore[call-overload]
+            join_policy=str(opts.get("join", default.join_policy)),  # type: ignore[arg-type]
+            arrival_cap=float(opts.get("arrival_cap", default.arrival_cap)),  # type: ignore[arg-type]
             charge_unit_ms=STEP_MS,
         )
         config = RunQueueConfig(
