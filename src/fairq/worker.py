@@ -246,6 +246,8 @@ class Worker:
         self._progress: dict[str, tuple[float, str]] = {}
         #: Runs finished while their task still runs (a cancel past its grace).
         self._abandoned: set[str] = set()
+        #: Abandoned runs still unwinding (their slot is already free): task -> lease member.
+        self._orphans: dict[asyncio.Task[None], str] = {}
 
     # ------------------------------------------------------------------ control
 
@@ -398,6 +400,9 @@ class Worker:
             self._by_member.pop(run.delivery.lease_member, None)
             self._progress.pop(run.delivery.run_id, None)
             self._abandoned.discard(run.delivery.lease_member)
+        orphan = self._orphans.pop(task, None)
+        if orphan is not None:
+            self._abandoned.discard(orphan)
         self._slot_free.set()
 
     def _count_end(self) -> None:
@@ -720,6 +725,13 @@ class Worker:
                 )  # fmt: skip
                 self._abandoned.add(run.delivery.lease_member)
                 task.cancel(msg="fairq: run abandoned after its cancellation")
+                # a task that swallows the cancellation may unwind for a long time: its
+                # slot (and its heartbeat) end now; the task stays referenced till it ends
+                self._inflight.pop(task, None)
+                self._by_member.pop(run.delivery.lease_member, None)
+                self._progress.pop(run.delivery.run_id, None)
+                self._orphans[task] = run.delivery.lease_member
+                self._slot_free.set()
 
     async def _schedule_loop(self) -> None:
         if not self.run_schedules or not self.app.schedules:

@@ -200,11 +200,6 @@ async def test_fairq_cancel_stops_a_running_run(app: Fairq, redis_url: str, pref
         await cancelled(handle)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker.py: an abandoned async run that swallows CancelledError keeps its worker "
-    "slot (see notes/bugs-tasks.md, T1)",
-)
 async def test_an_abandoned_async_run_gives_its_worker_slot_back(app: Fairq) -> None:
     started = asyncio.Event()
     release = asyncio.Event()
