@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from fairq.keys import Environment
     from fairq.models import CancelOutcome, EnqueueStatus
     from fairq.outcomes import RunInfo, RunStatus
+    from fairq.run_context import RunContext, current_run
     from fairq.tasks import RunHandle, Task, TriggerItem
-    from fairq.worker import RunContext, Worker, current_run
+    from fairq.worker import Worker
 
 #: Public name -> module that defines it.
 _EXPORTS = {
@@ -51,9 +52,9 @@ _EXPORTS = {
     "RunHandle": "fairq.tasks",
     "Task": "fairq.tasks",
     "TriggerItem": "fairq.tasks",
-    "RunContext": "fairq.worker",
+    "RunContext": "fairq.run_context",
     "Worker": "fairq.worker",
-    "current_run": "fairq.worker",
+    "current_run": "fairq.run_context",
     "ConfigurationError": "fairq.errors",
     "ConfigurationMismatchError": "fairq.errors",
     "ConnectionLostError": "fairq.errors",

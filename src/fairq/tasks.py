@@ -36,6 +36,7 @@ from fairq.errors import (
 )
 from fairq.models import CancelOutcome, Delivery, EnqueueRequest, EnqueueStatus
 from fairq.outcomes import RunInfo, RunStatus
+from fairq.run_context import RunContext, _current
 
 if TYPE_CHECKING:
     from fairq.app import Fairq
@@ -405,13 +406,6 @@ class Task(Generic[P, R]):
 EAGER_RUNS_KEPT = 10_000
 
 
-class _EagerProgress:
-    """What :class:`fairq.worker.RunContext` reports progress to, in eager mode."""
-
-    def __init__(self) -> None:
-        self._progress: dict[str, tuple[float, str]] = {}
-
-
 def _eager_result(value: Any) -> Any:
     # a worker stores the result as JSON (a value JSON cannot hold as its str())
     return json.loads(json.dumps(value, separators=(",", ":"), default=str))
@@ -435,7 +429,6 @@ async def run_eagerly(task: Task[Any, Any], request: EnqueueRequest) -> RunInfo:
     the app's memory (the newest 10,000), whatever ``keep_result`` says.
     """
     from fairq.store.validate import payload as encode_payload
-    from fairq.worker import RunContext, _current
 
     payload_json = encode_payload(request.payload, task.app.config.max_payload_bytes)
     timeout_ms = request.timeout_ms or task.timeout_ms
@@ -450,7 +443,7 @@ async def run_eagerly(task: Task[Any, Any], request: EnqueueRequest) -> RunInfo:
             enqueued_at_ms=enqueued, tenant=request.tenant, timeout_ms=request.timeout_ms,
             keep_outcome=request.keep_outcome,
         )  # fmt: skip
-        context = RunContext(delivery, cast(Any, _EagerProgress()))
+        context = RunContext(delivery, {})
         ctx = contextvars.copy_context()
         ctx.run(_current.set, context)
         started = round(time.time() * 1000)

@@ -37,7 +37,6 @@ import functools
 import json
 import logging
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -53,6 +52,7 @@ from fairq.keys import encode_concurrency_key, encode_tenant
 from fairq.metrics import RunMetrics
 from fairq.models import AckStatus, Delivery, Finish, HeartbeatStatus, NackOutcome
 from fairq.outcomes import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, RunStatus, encode_outcome
+from fairq.run_context import RunContext, _current, current_run
 from fairq.schedules import Scheduler
 from fairq.store import RunQueue
 from fairq.store._core import wall_clock_ms
@@ -65,44 +65,6 @@ run_log = logging.getLogger("fairq.run")
 MAX_CONCURRENCY: Final = 1000
 #: How often reported progress is sent at most (s).
 PROGRESS_INTERVAL_S: Final = 1.0
-
-
-class RunContext:
-    """The run a task is executing (see :func:`current_run`)."""
-
-    def __init__(self, delivery: Delivery, worker: Worker) -> None:
-        self.run_id = delivery.run_id
-        self.queue = delivery.queue
-        self.concurrency_key = delivery.concurrency_key
-        self.tenant = delivery.tenant
-        self.attempt = delivery.attempt
-        self.lease_token = delivery.lease_token
-        self._cancelled = threading.Event()
-        self._worker = worker
-        self._delivery = delivery
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether someone asked to cancel this run (plain tasks should check it)."""
-        return self._cancelled.is_set()
-
-    def progress(self, fraction: float, message: str = "") -> None:
-        """Report progress (0..1 and a note): kept with the run, sent with the next
-        heartbeat (coalesced: no round trip per call). Thread-safe."""
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise ConfigurationError("progress must be a number in 0..1")
-        value = min(1.0, max(0.0, float(fraction)))
-        self._worker._progress[self.run_id] = (value, str(message)[:1000])
-
-
-_current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
-    "fairq_current_run", default=None
-)
-
-
-def current_run() -> RunContext | None:
-    """The run the calling task is executing (None outside a task); works in plain tasks."""
-    return _current.get()
 
 
 @dataclass(slots=True)
@@ -384,7 +346,7 @@ class Worker:
 
     def _start(self, delivery: Delivery) -> None:
         self.stats.started += 1
-        context = RunContext(delivery, self)
+        context = RunContext(delivery, self._progress)
         task = asyncio.create_task(
             self._execute(delivery, context), name=f"fairq-run-{delivery.run_id}"
         )
