@@ -151,3 +151,21 @@ async def test_batch_results_follow_positions_even_for_a_repeated_run(make_queue
     await rq.enqueue(env, "q", "r1", {}, now_ms=1_000)
     (delivery,) = await rq.dequeue_from_queue(env, "q", keyed=False, now_ms=2_000)
     assert await rq.ack([delivery, delivery], now_ms=3_000) == [AckStatus.ACKED, AckStatus.UNKNOWN]
+
+
+async def test_a_refused_finish_writes_no_outcome(make_queue: Any, env: Environment) -> None:
+    """The outcome is written by the ack script itself, only for a run it acks: a finish
+    under a lost lease (the run was reclaimed and delivered again) leaves none."""
+    from fairq.models import Finish
+
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (first,) = await rq.dequeue(1, lease_ms=1_000, now_ms=T0)
+    assert await rq.reclaim_lapsed_leases(now_ms=T0 + 2_000) == 1
+    (second,) = await rq.dequeue(1, now_ms=T0 + 2_000)
+    stale = Finish(first, "completed", '{"status": "completed", "result": 1}')
+    assert await rq.finish([stale], now_ms=T0 + 2_001) == [AckStatus.LEASE_LOST]
+    assert await rq.client.exists(rq.keys.env(env).outcome("r1")) == 0
+    fresh = Finish(second, "completed", '{"status": "completed", "result": 2}')
+    assert await rq.finish([fresh], now_ms=T0 + 2_002) == [AckStatus.ACKED]
+    assert await rq.client.exists(rq.keys.env(env).outcome("r1")) == 1

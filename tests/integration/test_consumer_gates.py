@@ -1,0 +1,35 @@
+"""A worker's consumer leases through the same gated dequeue as everyone: an environment
+at its concurrency limit gives it nothing until a slot frees, and the freed slot wakes
+it (no polling)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fairq.consumer import Consumer
+from fairq.keys import Environment
+from fairq.store import RunQueue
+
+
+async def test_a_consumer_gets_nothing_from_an_env_at_its_limit_until_a_slot_frees(
+    make_queue: Any, env: Environment
+) -> None:
+    holder: RunQueue = await make_queue()
+    await holder.set_env_limits(env, concurrency=1, burst_factor=1)
+    await holder.enqueue(env, "a", "held", None)
+    await holder.enqueue(env, "b", "waiting", None)
+    (held,) = await holder.dequeue(1, env=env, queues=["a"])
+    consumer = Consumer(await make_queue(), env=env, queues=["a", "b"], idle_timeout=30)
+    async with consumer:
+        assert await consumer.next_batch(5, timeout=0.3) == []
+        waiting = asyncio.create_task(consumer.next_batch(5, timeout=20))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        started = time.monotonic()
+        await holder.ack([held])
+        got = await waiting
+        woke_after = time.monotonic() - started
+    assert [d.run_id for d in got] == ["waiting"]
+    assert woke_after < 5  # woken by the freed slot's hint, not by its 30 s idle timeout
