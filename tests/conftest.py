@@ -82,3 +82,14 @@ async def make_queue(redis_url: str, prefix: str) -> AsyncIterator[Callable[...,
     yield factory
     for rq in made:
         await rq.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In the cluster run, skip the long tests that prove topology-independent logic (they
+    run on the single server; every script keeps its keys in one slot either way)."""
+    if not cluster_masters():
+        return
+    skip = pytest.mark.skip(reason="single_server: topology-independent; run on one server")
+    for item in items:
+        if item.get_closest_marker("single_server"):
+            item.add_marker(skip)

@@ -51,6 +51,9 @@ from fairq.store.admin import Change
 from fairq.tasks import Task, TriggerItem
 from fairq.worker import Worker
 
+#: Long and topology-independent: run on the single server only.
+pytestmark = pytest.mark.single_server
+
 NAN, INF = math.nan, math.inf
 HUGE = 10**400
 #: 1 ms past the largest accepted time (the year 10000).

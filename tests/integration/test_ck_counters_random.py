@@ -404,7 +404,11 @@ class Driver:
 
 
 @pytest.mark.parametrize(
-    ("order", "operations"), [("age", OPERATIONS), ("fair", FAIR_ORDER_OPERATIONS)]
+    ("order", "operations"),
+    [
+        pytest.param("age", OPERATIONS, marks=pytest.mark.single_server),
+        ("fair", FAIR_ORDER_OPERATIONS),
+    ],
 )
 async def test_every_reader_matches_ground_truth(
     make_queue: MakeQueue, env: Environment, order: str, operations: int

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import pytest
 from tests.integration.limits_support import Order, both_orders, queue_for
 
 from fairq.keys import Environment
@@ -36,6 +37,9 @@ from fairq.models import (
     ReleaseStatus,
 )
 from fairq.store import RunQueue
+
+#: Long and topology-independent: run on the single server only.
+pytestmark = pytest.mark.single_server
 
 QUEUE = "mixed"
 OPERATIONS = 5_000

@@ -36,6 +36,9 @@ from fairq.store import RunQueue
 from fairq.store.admin import MAX_CHANGES, Change
 from fairq.store.enqueue import MAX_RUNS_PER_CALL
 
+#: Long and topology-independent: run on the single server only.
+pytestmark = pytest.mark.single_server
+
 OLD_KEYS = 8000
 NEW_KEYS = 4000
 

@@ -591,6 +591,7 @@ async def test_duration_charging_shares_slot_time(redis_url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.single_server
 @pytest.mark.parametrize("name", builtin_names())
 async def test_every_builtin_scenario_serves_every_message_once_under_its_table(
     redis_url: str, name: str

@@ -25,6 +25,9 @@ from fairq.keys import Environment
 from fairq.models import Delivery
 from fairq.store import RunQueue
 
+#: Long and topology-independent: run on the single server only.
+pytestmark = pytest.mark.single_server
+
 T0 = 1_000_000
 TENANTS = ["T0", "T1", "T2"]
 
