@@ -1,6 +1,6 @@
 """Shared helpers of the limit tests (test_limits*.py, test_rates.py,
 test_borrow_and_charge.py): the two orders as a parameter, a queue factory per order,
-batch enqueueing on a logical clock, and the server's command counter."""
+batch enqueueing on a logical clock."""
 
 from __future__ import annotations
 
@@ -54,24 +54,3 @@ async def enqueue_runs(
     ]  # fmt: skip
     await rq.enqueue_many(requests, now_ms=at + count)
     return [r.run_id for r in requests]
-
-
-async def total_calls(client: Any) -> int:
-    """Commands the server ran since its last CONFIG RESETSTAT (script-internal commands
-    included; INFO and CONFIG excluded)."""
-    stats = await client.info("commandstats")
-    return sum(
-        int(v["calls"])
-        for k, v in stats.items()
-        if not k.startswith(("cmdstat_info", "cmdstat_config"))
-    )
-
-
-async def command_counts(client: Any) -> dict[str, int]:
-    """Per-command call counts since the last CONFIG RESETSTAT (INFO/CONFIG excluded)."""
-    stats = await client.info("commandstats")
-    return {
-        k.removeprefix("cmdstat_"): int(v["calls"])
-        for k, v in stats.items()
-        if not k.startswith(("cmdstat_info", "cmdstat_config"))
-    }

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from tests.integration.commandstats import total_calls
 
 from fairq.config import RunQueueConfig
 from fairq.consumer import Consumer
@@ -234,11 +235,6 @@ async def test_close_ends_a_waiting_next_batch(make_queue: Any) -> None:
     assert await asyncio.wait_for(task, 2) == []
 
 
-async def _total_calls(client: Any) -> int:
-    stats = await client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-
 async def test_an_idle_consumer_costs_the_server_almost_nothing(redis_url: str) -> None:
     """Measured on a private server, so nothing else in the session adds commands.
     Today's cost: per second 4 master reads + 4 head reads (one pipeline each) and the
@@ -251,9 +247,9 @@ async def test_an_idle_consumer_costs_the_server_almost_nothing(redis_url: str) 
         consumer = await started(rq)
         try:
             task = await waiting(consumer)
-            before = await _total_calls(rq.client)
+            before = await total_calls(rq.client)
             await asyncio.sleep(3.0)
-            after = await _total_calls(rq.client)
+            after = await total_calls(rq.client)
             task.cancel()
         finally:
             await consumer.close()

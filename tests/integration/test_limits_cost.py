@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from tests.integration.commandstats import reset_stats, total_calls
 from tests.integration.limits_support import (
     T0,
     Order,
     both_orders,
     enqueue_runs,
     queue_for,
-    total_calls,
 )
 
 from fairq.keys import Environment
@@ -93,7 +93,7 @@ async def _measure(rq: RunQueue, env: Environment, layer: Layer) -> tuple[int, i
         await enqueue_runs(rq, env, Q, f"{k}-", 8, key=k, tenant="acme")
     commands, order = 0, []
     for _ in range(CALLS):
-        await rq.client.config_resetstat()
+        await reset_stats(rq.client)
         got = await rq.dequeue(10, env=env, queues=[Q], now_ms=NOW)
         commands += await total_calls(rq.client) - 1  # the script call itself counts once
         order += [d.run_id for d in got]

@@ -14,11 +14,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from tests.integration.commandstats import command_counts, reset_stats
 from tests.integration.limits_support import (
     T0,
     Order,
     both_orders,
-    command_counts,
     enqueue_runs,
     queue_for,
 )
@@ -300,7 +300,7 @@ async def test_a_consumer_waiting_on_a_bucket_does_not_poll(
         first = await c.next_batch(5, timeout=5)
         assert [d.run_id for d in first] == ["r0"]
         await rq.ack(first)
-        await rq.client.config_resetstat()
+        await reset_stats(rq.client)
         started = time.perf_counter()
         second = await c.next_batch(5, timeout=5)
         waited = time.perf_counter() - started

@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
+from tests.integration.commandstats import reset_stats, total_calls
 from tests.state import fair_keys, tenant_tags
 
 from fairq import keys as K
@@ -142,14 +143,6 @@ async def test_concurrent_enqueue_during_dequeue_never_rewinds_a_tag(
 # ---------------------------------------------------------------- op-count budget
 
 
-async def _total_calls(client: Any) -> int:
-    stats = await client.info("commandstats")
-    return sum(
-        int(v["calls"]) for k, v in stats.items()
-        if k not in ("cmdstat_info", "cmdstat_config")
-    )  # fmt: skip
-
-
 async def _dequeue_calls_cost(
     rq: RunQueue, env: Environment, data: list[Row], calls: int, max_count: int
 ) -> tuple[int, int]:
@@ -159,9 +152,9 @@ async def _dequeue_calls_cost(
                          available_at_ms=at, now_ms=at)  # fmt: skip
     total = served = 0
     for _ in range(calls):
-        await rq.client.config_resetstat()
+        await reset_stats(rq.client)
         batch = await rq.dequeue_from_queue(env, QUEUE, keyed=True, max_count=max_count, now_ms=NOW)
-        total += await _total_calls(rq.client)
+        total += await total_calls(rq.client)
         served += len(batch)
         await rq.ack(batch, now_ms=NOW)
     return total, served
