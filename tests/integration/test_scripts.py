@@ -13,6 +13,7 @@ import pytest
 
 from fairq.errors import InvalidLimitError, ScriptProtocolError
 from fairq.keys import Environment
+from fairq.models import EnqueueRequest, EnqueueStatus
 from fairq.store.context import CONTEXT_NAMES, ScriptContext, lua_bindings
 from fairq.store.scripts import ScriptLoadError, ScriptRegistry, assemble, registry, script_names
 from fairq.store.status import REPLIES, Status, decode
@@ -224,3 +225,26 @@ async def test_a_bad_per_run_argument_refuses_the_whole_batch(
     with pytest.raises(InvalidLimitError):
         await script(rq.client, [rq.keys.tag_of(env)], [*args, env.id, "q", "", "0", *good, *bad])
     assert await rq.client.exists(rq.keys.env(env).message("r1")) == 0
+
+
+async def test_processes_with_different_settings_each_get_their_own_context(
+    make_queue: Any, env: Environment
+) -> None:
+    """A library keeps the context it parsed per packed slot (a bounded number of them);
+    callers with other settings still get theirs, also past the bound and after it
+    evicted theirs: here each process's default queue size limit decides its enqueues."""
+
+    async def statuses(limit: int, queue: str, ids: list[str]) -> list[EnqueueStatus]:
+        rq = await make_queue(default_queue_size_limit=limit)
+        return [
+            (await rq.enqueue_one(EnqueueRequest(env, queue, i), now_ms=1_000)).status for i in ids
+        ]
+
+    for limit in range(1, 41):  # 40 settings: more than a library keeps
+        ids = [f"a{limit}-{i}" for i in range(limit + 1)]
+        got = await statuses(limit, f"sized{limit}", ids)
+        assert got == limit * [EnqueueStatus.ENQUEUED] + [EnqueueStatus.REJECTED], limit
+    for limit in (1, 2, 3):  # evicted by now: parsed again, still theirs
+        assert await statuses(limit, f"sized{limit}", [f"b{limit}"]) == [EnqueueStatus.REJECTED]
+        roomier = await statuses(limit + 1, f"sized{limit}", [f"c{limit}"])
+        assert roomier == [EnqueueStatus.ENQUEUED]

@@ -120,12 +120,65 @@ class ScriptContext:
         return packed
 
 
+#: Distinct packed context slots a library keeps parsed (one per process configuration
+#: calling it; a server shared by more configurations parses the others on each call).
+CONTEXT_CACHE_SIZE: Final = 32
+
+
+def lua_context_cache() -> str:
+    """Library-level Lua: the parsed context per packed slot. The packed values never
+    change in a process, so each library parses a given slot once (the parsing cost
+    15-20 commands' worth of Lua per call); a parsed table holds only constants, and
+    ``C.now`` is set on it at the start of every call, before anything reads it."""
+    return "\n".join(
+        [
+            "-- generated from fairq/store/context.py: parsed context slots",
+            "local CONTEXT_CACHE, CONTEXT_CACHED = {}, 0",
+        ]
+    )
+
+
 def lua_bindings(names: tuple[str, ...]) -> str:
     """The Lua that binds and checks ``C.<name>`` for a script's declared context names:
-    ``now`` from its own slot, the others from one space-separated slot."""
-    lines = ["-- generated from fairq/store/context.py: this script's context", "local C = {}"]
-    slot = 1
-    if names and names[0] == "now":
+    ``now`` from its own slot, the others from one space-separated slot (parsed once per
+    distinct slot, see :func:`lua_context_cache`)."""
+    lines = ["-- generated from fairq/store/context.py: this script's context"]
+    has_now = bool(names) and names[0] == "now"
+    slot = 2 if has_now else 1
+    names = names[1:] if has_now else names
+    if names:
+        lines += [
+            f"local C = CONTEXT_CACHE[ARGV[{slot}] or '']",
+            "if C == nil then",
+            "  C = {}",
+            "  local packed = {}",
+            f"  for word in string.gmatch(ARGV[{slot}] or '', '%S+') do",
+            "    packed[#packed + 1] = word",
+            "  end",
+            f"  if #packed ~= {len(names)} then",
+            f"    error({{err = 'FQ2 context needs {len(names)} values'}})",
+            "  end",
+        ]
+        for i, name in enumerate(names, start=1):
+            if _KINDS[name] == "str":
+                lines.append(f"  C.{name} = packed[{i}]")
+                continue
+            lines.append(f"  C.{name} = tonumber(packed[{i}])")
+            lines.append(
+                f"  if C.{name} == nil or C.{name} ~= C.{name} then "
+                f"error({{err = 'FQ2 context {name} is not a number'}}) end"
+            )
+        lines += [
+            f"  if CONTEXT_CACHED >= {CONTEXT_CACHE_SIZE} then",
+            "    CONTEXT_CACHE, CONTEXT_CACHED = {}, 0",
+            "  end",
+            f"  CONTEXT_CACHE[ARGV[{slot}]] = C",
+            "  CONTEXT_CACHED = CONTEXT_CACHED + 1",
+            "end",
+        ]
+    else:
+        lines.append("local C = {}")
+    if has_now:
         lines += [
             "if ARGV[1] == '' then",
             "  local t = redis.call('TIME')",
@@ -137,29 +190,7 @@ def lua_bindings(names: tuple[str, ...]) -> str:
             "  error({err = 'FQ2 context now is not a number'})",
             "end",
         ]
-        slot = 2
-        names = names[1:]
-    if names:
-        lines += [
-            "local packed = {}",
-            f"for word in string.gmatch(ARGV[{slot}] or '', '%S+') do",
-            "  packed[#packed + 1] = word",
-            "end",
-            f"if #packed ~= {len(names)} then",
-            f"  error({{err = 'FQ2 context needs {len(names)} values'}})",
-            "end",
-        ]
-        for i, name in enumerate(names, start=1):
-            if _KINDS[name] == "str":
-                lines.append(f"C.{name} = packed[{i}]")
-                continue
-            lines.append(f"C.{name} = tonumber(packed[{i}])")
-            lines.append(
-                f"if C.{name} == nil or C.{name} ~= C.{name} then "
-                f"error({{err = 'FQ2 context {name} is not a number'}}) end"
-            )
-        slot += 1
-    lines.append(f"local FIRST_ARG = {slot}")
+    lines.append(f"local FIRST_ARG = {slot + 1 if names else slot}")
     return "\n".join(lines)
 
 

@@ -48,7 +48,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
-from fairq.store.context import lua_bindings, order_names
+from fairq.store.context import lua_bindings, lua_context_cache, order_names
 from fairq.store.options import lua_options
 from fairq.store.status import lua_status_table
 
@@ -193,6 +193,7 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             lua_status_table(),
             lua_schema(fair=full_schema),
             lua_options(),
+            lua_context_cache(),
             _DIRECTIVE_RE.sub(lambda m: "", prelude),
             *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
         ]

@@ -13,7 +13,10 @@ end
 local function env_config(X, V, env_id, raw)
   local C = X.C
   local e = {}
-  for i, name in ipairs(ENV_OPTIONS) do e[name] = option_value(ENV_OPTION_KIND[name], raw[i]) end
+  for i, name in ipairs(ENV_OPTIONS) do
+    local v = raw[i]
+    if v then e[name] = option_value(ENV_OPTION_KIND[name], v) end -- most are unset
+  end
   local limit = e.concurrency or C.default_env_concurrency
   local burst = e.burst_factor or C.default_burst_factor
   return {
@@ -28,7 +31,8 @@ local function queue_config(X, env, name, raw, offset)
   local C, e = X.C, env.options
   local q = {}
   for i, option in ipairs(QUEUE_OPTIONS) do
-    q[option] = option_value(QUEUE_OPTION_KIND[option], raw[offset + i])
+    local v = raw[offset + i]
+    if v then q[option] = option_value(QUEUE_OPTION_KIND[option], v) end -- most are unset
   end
   local default_per_key = C.default_max_per_key
   if default_per_key ~= nil and default_per_key <= 0 then default_per_key = nil end
@@ -61,14 +65,40 @@ local function queue_config(X, env, name, raw, offset)
   }
 end
 
+-- The HMGET fields of the environment and the listed queues, built once per list of
+-- queue names and kept by the library (the names are constants of the callers, and a
+-- bounded number of lists is kept: building 33 fields per queue cost more per call than
+-- the HMGET itself).
+local CONFIG_FIELDS, CONFIG_FIELDS_CACHED = {}, 0
+local CONFIG_FIELDS_CACHE_SIZE = 256
+
+local function config_fields(queues)
+  local id = table.concat(queues, ':') -- names never contain ':'
+  local fields = CONFIG_FIELDS[id]
+  if fields == nil then
+    fields = {}
+    for _, name in ipairs(ENV_OPTIONS) do fields[#fields + 1] = name end
+    for _, q in ipairs(queues) do
+      for _, option in ipairs(QUEUE_OPTIONS) do fields[#fields + 1] = config_field(q, option) end
+    end
+    if CONFIG_FIELDS_CACHED >= CONFIG_FIELDS_CACHE_SIZE then
+      CONFIG_FIELDS, CONFIG_FIELDS_CACHED = {}, 0
+    end
+    CONFIG_FIELDS[id] = fields
+    CONFIG_FIELDS_CACHED = CONFIG_FIELDS_CACHED + 1
+  end
+  return fields
+end
+
 -- The environment and the listed queues, in one HMGET. Returns env, {name -> queue}.
 local function config_read(X, V, env_id, queues)
-  local fields = {}
-  for _, name in ipairs(ENV_OPTIONS) do fields[#fields + 1] = name end
-  for _, q in ipairs(queues) do
-    for _, option in ipairs(QUEUE_OPTIONS) do fields[#fields + 1] = config_field(q, option) end
+  local fields = config_fields(queues)
+  local raw
+  if #fields <= UNPACK_CHUNK then
+    raw = redis.call('HMGET', env_key(V, 'config'), unpack(fields))
+  else
+    raw = call_list('HMGET', env_key(V, 'config'), fields)
   end
-  local raw = call_list('HMGET', env_key(V, 'config'), fields)
   local env = env_config(X, V, env_id, raw)
   local by_name = {}
   for i, name in ipairs(queues) do
