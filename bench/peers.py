@@ -567,6 +567,36 @@ def command_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
     return {k: v for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v}
 
 
+# --------------------------------------------------------------------------- the round-trip limit
+
+
+async def awaited_pings(count: int) -> dict[str, float]:
+    """PINGs per second of one sequential caller on a fresh server: redis-py's asyncio
+    client (fairq's and SAQ's) and its blocking client (Dramatiq's). No enqueue path
+    that awaits one reply per job can be faster than these."""
+    import redis
+    import redis.asyncio as aioredis
+
+    from fairq.server import EmbeddedServer
+
+    with EmbeddedServer() as server:
+        client = aioredis.Redis.from_url(server.url)
+        await client.ping()
+        start = time.perf_counter()
+        for _ in range(count):
+            await client.ping()
+        asynchronous = count / (time.perf_counter() - start)
+        await client.aclose()
+        blocking_client = redis.Redis.from_url(server.url)
+        blocking_client.ping()
+        start = time.perf_counter()
+        for _ in range(count):
+            blocking_client.ping()
+        blocking = count / (time.perf_counter() - start)
+        blocking_client.close()
+    return {"async": asynchronous, "blocking": blocking}
+
+
 # --------------------------------------------------------------------------- one trial
 
 
@@ -851,6 +881,20 @@ def ratio(column: Column, medians: dict[str, dict[str, float | None]]) -> dict[s
     }
 
 
+def round_trip_limit(
+    ping_raw: dict[str, list[float]], medians: dict[str, dict[str, float | None]]
+) -> dict[str, Any]:
+    """The awaited-PING rates and each system's one-call-per-job enqueue as a share of
+    the PING rate of its client (asyncio for fairq and SAQ, blocking for Dramatiq)."""
+    pings = {k: median(v) for k, v in ping_raw.items()}
+    client = {"fairq": "async", "saq": "async", "dramatiq": "blocking"}
+    shares: dict[str, float | None] = {}
+    for system, figures in medians.items():
+        rate, ping = figures.get("enqueue"), pings.get(client.get(system, "async"))
+        shares[system] = round(rate / ping, 3) if rate and ping else None
+    return {"awaited_ping_per_s": pings, "enqueue_over_ping": shares, "raw": ping_raw}
+
+
 def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
@@ -888,9 +932,25 @@ def table(result: dict[str, Any]) -> str:
         f"N={result['settings']['n']:,}, {meta['date']}, {meta['machine']['nproc']} CPUs "
         f"({meta['machine']['cpu_model']})"
     )
+    limit = result.get("round_trip_limit", {})
+    pings = limit.get("awaited_ping_per_s", {})
+    notes = []
+    if pings.get("async") and pings.get("blocking"):
+        shares = ", ".join(
+            f"{name} {share:.0%}"
+            for name, share in limit.get("enqueue_over_ping", {}).items()
+            if share is not None
+        )
+        notes = [
+            "",
+            f"Awaited PING, one caller: asyncio {pings['async']:,.0f}/s, "
+            f"blocking {pings['blocking']:,.0f}/s. One-call enqueue as a share of its "
+            f"client's PING rate: {shares}.",
+        ]
     return "\n".join(
         [title, "", line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
         + [line(r) for r in rows]
+        + notes
     )
 
 
@@ -921,6 +981,7 @@ async def main_async(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     raw: dict[str, dict[str, list[float]]] = {s: {c.key: [] for c in columns} for s in systems}
     failures: dict[str, dict[str, list[str]]] = {s: {} for s in systems}
     trials: list[dict[str, Any]] = []
+    ping_raw: dict[str, list[float]] = {"async": [], "blocking": []}
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
@@ -938,6 +999,11 @@ async def main_async(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     with tempfile.TemporaryDirectory(prefix="fairq-peers-") as tmp:
         for rep in range(args.reps):
             order = list(systems[rep % len(systems) :]) + list(systems[: rep % len(systems)])
+            pings = await awaited_pings(settings.n)
+            for key, value in pings.items():
+                ping_raw[key].append(value)
+            log(f"rep {rep + 1} awaited PING: asyncio {pings['async']:,.0f}/s, "
+                f"blocking {pings['blocking']:,.0f}/s")  # fmt: skip
             for kind in kinds:
                 for system in order:
                     if system not in TRIAL_SYSTEMS.get(kind, SYSTEMS):
@@ -984,6 +1050,7 @@ async def main_async(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         "raw": raw,
         "medians": medians,
         "ratios": {c.key: ratio(c, medians) for c in columns},
+        "round_trip_limit": round_trip_limit(ping_raw, medians),
         "failures": {s: f for s, f in failures.items() if f},
         "trials": trials,
     }
