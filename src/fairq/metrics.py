@@ -26,6 +26,7 @@ series of their own per process; runs of further queues are counted under
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable
 from typing import Any, Final
@@ -100,6 +101,13 @@ RUN_DURATION: Final = Histogram(
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, kept: the lookup costs more than the observation, and
+    the label sets are bounded (:func:`queue_labels` caps the queues)."""
+    return metric.labels(*labels)
+
+
 def observe_dequeue(
     deliveries: Iterable[Delivery], *, call_seconds: float | None = None, now_ms: int | None = None
 ) -> None:
@@ -108,7 +116,7 @@ def observe_dequeue(
     if call_seconds is not None:
         DEQUEUE_CALL.observe(max(0.0, call_seconds))
     for d in deliveries:
-        DEQUEUE_LATENCY.labels(*queue_labels(d.env.id, d.queue)).observe(
+        _child(DEQUEUE_LATENCY, *queue_labels(d.env.id, d.queue)).observe(
             max(0, now - d.score_ms) / 1000.0
         )
 
@@ -117,12 +125,12 @@ class RunMetrics:
     """The worker's observer of run events (see :attr:`fairq.worker.Worker.metrics`)."""
 
     def started(self, delivery: Delivery) -> None:
-        RUNS_STARTED.labels(*queue_labels(delivery.env.id, delivery.queue)).inc()
+        _child(RUNS_STARTED, *queue_labels(delivery.env.id, delivery.queue)).inc()
 
     def finished(self, delivery: Delivery, outcome: str, seconds: float) -> None:
         labels = queue_labels(delivery.env.id, delivery.queue)
-        RUNS_FINISHED.labels(*labels, outcome).inc()
-        RUN_DURATION.labels(*labels).observe(max(0.0, seconds))
+        _child(RUNS_FINISHED, *labels, outcome).inc()
+        _child(RUN_DURATION, *labels).observe(max(0.0, seconds))
 
 
 def serve(port: int, host: str = "127.0.0.1") -> Any:
