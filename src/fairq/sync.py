@@ -1,8 +1,8 @@
 """The blocking facade: runs an app's coroutines on a private event-loop thread.
 
 One daemon thread per app, started on first use, with its own connection. Triggers
-sent from several threads at once land on that loop in the same turn and are sent to
-the server together (one script call per queue).
+sent from several threads at once land on that loop, where the calls made while one is
+in flight for their queue are sent together (one script call per queue).
 """
 
 from __future__ import annotations

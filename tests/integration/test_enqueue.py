@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from tests.integration.commandstats import command_counts, reset_stats
 from tests.state import run_state
 
 from fairq import keys as K
@@ -229,3 +231,67 @@ async def test_environments_on_many_shards_are_all_listed(make_queue: Any) -> No
     assert len({rq.keys.shard_of(e) for e in envs}) > 1
     got = await rq.dequeue(10, now_ms=T0)
     assert sorted(d.env for d in got) == sorted(envs)
+
+
+# ------------------------------------------------------------ group commit (enqueue_one)
+
+
+async def _script_calls(rq: RunQueue) -> int:
+    counts = await command_counts(rq.client)
+    return counts.get("fcall", 0) + counts.get("evalsha", 0)
+
+
+async def test_a_sequential_caller_sends_each_run_at_once(
+    make_queue: Any, env: Environment
+) -> None:
+    rq: RunQueue = await make_queue()
+    await rq.enqueue_one(EnqueueRequest(env, "gc", "warm"), now_ms=1_000)
+    await reset_stats(rq.client)
+    for i in range(20):
+        result = await rq.enqueue_one(EnqueueRequest(env, "gc", f"s{i}"), now_ms=1_000)
+        assert result.status is EnqueueStatus.ENQUEUED
+    assert await _script_calls(rq) == 20
+
+
+async def test_calls_made_while_one_is_in_flight_go_together(
+    make_queue: Any, env: Environment
+) -> None:
+    """200 concurrent callers: the first is sent at once, the other 199 wait for it and
+    go in one more script call; each gets its own result, a size-limit rejection only
+    for the runs past the limit, and a duplicate only for its own repeated id."""
+    rq: RunQueue = await make_queue()
+    await rq.set_queue_size_limit(env, "gc", 150)
+    await rq.enqueue_one(EnqueueRequest(env, "gc", "c0"), now_ms=1_000)  # c0: a duplicate
+    await reset_stats(rq.client)
+    results = await asyncio.gather(
+        *(rq.enqueue_one(EnqueueRequest(env, "gc", f"c{i}"), now_ms=1_000) for i in range(200))
+    )
+    assert await _script_calls(rq) == 2
+    assert [r.run_id for r in results] == [f"c{i}" for i in range(200)]
+    statuses = [r.status for r in results]
+    assert statuses[0] is EnqueueStatus.DUPLICATE
+    assert statuses[1:150] == [EnqueueStatus.ENQUEUED] * 149
+    assert statuses[150:] == [EnqueueStatus.REJECTED] * 50
+    assert (await rq.queue_stats(env, "gc")).queued == 150
+
+
+async def test_callers_waiting_on_a_cancelled_call_are_still_sent(
+    make_queue: Any, env: Environment
+) -> None:
+    """The caller whose call is in flight is cancelled: the callers that waited for it
+    are sent all the same, and each gets its own result."""
+    rq: RunQueue = await make_queue()
+    leader = asyncio.create_task(rq.enqueue_one(EnqueueRequest(env, "gc2", "f0"), now_ms=1_000))
+    await asyncio.sleep(0)  # the leader's call is now in flight
+    waiting = [
+        asyncio.create_task(rq.enqueue_one(EnqueueRequest(env, "gc2", f"f{i}"), now_ms=1_000))
+        for i in range(1, 5)
+    ]
+    await asyncio.sleep(0)
+    leader.cancel()
+    results = await asyncio.gather(*waiting)
+    assert [r.status for r in results] == [EnqueueStatus.ENQUEUED] * 4
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    for i in range(1, 5):
+        assert await run_state(rq, env, f"f{i}") == "queued"

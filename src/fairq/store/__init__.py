@@ -54,6 +54,8 @@ class RunQueue(EnqueueOps, DequeueOps, FinishOps, RunOps, MaintenanceOps, AdminO
         StoreCore.__init__(self, client, config, rng=rng)
         self.selection = SelectionStrategy(self.rng)
         self._batches = {}
+        self._sending = set()
+        self._drainers = set()
 
 
 __all__ = [

@@ -28,18 +28,27 @@ _STATUS: Final = {
 
 
 _Pending = list[tuple[EnqueueRequest, list[str], "asyncio.Future[EnqueueResult]"]]
+#: (event loop, env, queue, logical clock): what one enqueue script call can carry.
+_BatchKey = tuple[int, Environment, str, int | None]
 
 
 class EnqueueOps(StoreCore):
-    #: Single-run enqueues waiting for the end of this event-loop turn, per queue.
-    _batches: dict[tuple[int, Environment, str, int | None], _Pending]
+    #: Single-run enqueues waiting for the call in flight for their queue.
+    _batches: dict[_BatchKey, _Pending]
+    #: Queues with an enqueue_one call in flight.
+    _sending: set[_BatchKey]
+    #: Tasks sending the calls that waited.
+    _drainers: set[asyncio.Task[None]]
 
     async def enqueue_one(
         self, request: EnqueueRequest, *, now_ms: int | None = None
     ) -> EnqueueResult:
-        """Queue one run in one round trip. Calls made in the same event-loop turn for
-        the same queue are sent together in one script call (each caller still gets its
-        own result, and a size-limit rejection only for its own run).
+        """Queue one run in one round trip.
+
+        Group commit per queue: a call finding no other call of its queue in flight is
+        sent at once (a sequential producer pays no batching delay); calls made while one
+        is in flight wait for it and then go together in one script call (each caller
+        still gets its own result, and a size-limit rejection only for its own run).
 
         Raises:
             InvalidNameError, PayloadError, InvalidLimitError: bad input (nothing written).
@@ -49,22 +58,39 @@ class EnqueueOps(StoreCore):
             validate.time_ms("now_ms", now_ms)
         loop = asyncio.get_running_loop()
         key = (id(loop), request.env, request.queue, now_ms)
-        batch = self._batches.get(key)
-        if batch is None:
-            batch = self._batches[key] = []
-            loop.call_soon(self._send_batch, key)
         future: asyncio.Future[EnqueueResult] = loop.create_future()
-        batch.append((request, encoded, future))
-        return await future
+        if key in self._sending:
+            self._batches.setdefault(key, []).append((request, encoded, future))
+            return await future
+        self._sending.add(key)
+        try:
+            await self._deliver_batch(key, [(request, encoded, future)])
+        finally:
+            self._send_waiting(key)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved here, raised below (or the call was cancelled)
+        return future.result()
 
-    def _send_batch(self, key: tuple[int, Environment, str, int | None]) -> None:
-        batch = self._batches.pop(key, [])
-        if batch:
-            asyncio.get_running_loop().create_task(self._deliver_batch(key, batch))
+    def _send_waiting(self, key: _BatchKey) -> None:
+        """The call in flight for ``key`` returned: send what waited for it (in a task of
+        its own, which keeps sending while more arrive), or mark the queue idle."""
+        if self._batches.get(key):
+            task = asyncio.get_running_loop().create_task(self._drain_waiting(key))
+            self._drainers.add(task)  # referenced until done (the loop keeps tasks weakly)
+            task.add_done_callback(self._drainers.discard)
+        else:
+            self._sending.discard(key)
 
-    async def _deliver_batch(
-        self, key: tuple[int, Environment, str, int | None], batch: _Pending
-    ) -> None:
+    async def _drain_waiting(self, key: _BatchKey) -> None:
+        try:
+            while batch := self._batches.pop(key, None):
+                await self._deliver_batch(key, batch)
+        finally:
+            self._sending.discard(key)
+            for _, _, waiting in self._batches.pop(key, []):  # only if this task was cancelled
+                waiting.cancel()
+
+    async def _deliver_batch(self, key: _BatchKey, batch: _Pending) -> None:
         _, env, queue, now_ms = key
         try:
             for start in range(0, len(batch), MAX_RUNS_PER_CALL):
