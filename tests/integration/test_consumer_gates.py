@@ -8,6 +8,8 @@ import asyncio
 import time
 from typing import Any
 
+from tests.integration.commandstats import command_counts, reset_stats
+
 from fairq.consumer import Consumer
 from fairq.keys import Environment
 from fairq.store import RunQueue
@@ -33,3 +35,32 @@ async def test_a_consumer_gets_nothing_from_an_env_at_its_limit_until_a_slot_fre
         woke_after = time.monotonic() - started
     assert [d.run_id for d in got] == ["waiting"]
     assert woke_after < 5  # woken by the freed slot's hint, not by its 30 s idle timeout
+
+
+async def test_a_consumer_of_every_environment_waits_for_the_freed_slot_without_polling(
+    make_queue: Any, env: Environment
+) -> None:
+    """Without env=: the shards' heads are read in one round trip, the only ready env is
+    at its limit, its script says so (gated), and the consumer then waits for the freed
+    slot's hint instead of asking again and again."""
+    holder: RunQueue = await make_queue()
+    await holder.set_env_limits(env, concurrency=1, burst_factor=1)
+    await holder.enqueue(env, "a", "held", None)
+    await holder.enqueue(env, "a", "waiting", None)
+    (held,) = await holder.dequeue(1, env=env, queues=["a"])
+    rq: RunQueue = await make_queue()
+    consumer = Consumer(rq, idle_timeout=30, maintenance_interval=3600)
+    async with consumer:
+        waiting = asyncio.create_task(consumer.next_batch(5, timeout=20))
+        await asyncio.sleep(0.1)
+        await reset_stats(rq.client)
+        await asyncio.sleep(0.5)
+        calls = await command_counts(rq.client)
+        assert not waiting.done()
+        assert calls.get("fcall", 0) == 0, calls  # no dequeue script while it waits
+        assert sum(calls.values()) < 20, calls  # and no reads in a loop either
+        started = time.monotonic()
+        await holder.ack([held])
+        got = await waiting
+    assert [d.run_id for d in got] == ["waiting"]
+    assert time.monotonic() - started < 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -291,7 +292,7 @@ async def test_callers_waiting_on_a_cancelled_call_are_still_sent(
     leader.cancel()
     results = await asyncio.gather(*waiting)
     assert [r.status for r in results] == [EnqueueStatus.ENQUEUED] * 4
-    with pytest.raises(asyncio.CancelledError):
-        await leader
+    with contextlib.suppress(asyncio.CancelledError):
+        await leader  # cancelled (a cluster client may finish its command first)
     for i in range(1, 5):
         assert await run_state(rq, env, f"f{i}") == "queued"

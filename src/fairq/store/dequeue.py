@@ -108,11 +108,15 @@ class DequeueOps(StoreCore):
             return await self.dequeue_env(env, names, max_count, lease_ms=lease_ms, now_ms=now_ms)
         shard_ids = list(range(self.keys.shard_count)) if shards is None else list(shards)
         self.rng.shuffle(shard_ids)
+        now, heads = await self._heads(shard_ids, now_ms)
         out: list[Delivery] = []
         wait: int | None = None
         gated = False
         for shard in shard_ids:
-            for plan in await self._plan(shard, now_ms):
+            ready = [(m, score) for m, score in heads[shard] if score <= now]
+            if not ready:
+                continue
+            for plan in await self._plan(shard, ready):
                 if len(out) >= max_count:
                     break
                 if queues is not None:
@@ -130,7 +134,16 @@ class DequeueOps(StoreCore):
             if len(out) >= max_count:
                 break
         if not out and wait is None:
-            wait = await self._next_due(shard_ids, now_ms)
+            # the earliest head of any shard: a ready one the gates below skipped means
+            # try again now; one a script found behind a limit (gated) is woken by the
+            # slot that frees, so only future heads count then
+            earliest = [
+                score
+                for members in heads.values()
+                for _, score in members
+                if not gated or score > now
+            ]
+            wait = max(0, int(min(earliest)) - now) if earliest else None
         return DequeueBatch(out, wait, gated)
 
     async def dequeue(
@@ -196,20 +209,37 @@ class DequeueOps(StoreCore):
 
     # ------------------------------------------------------------------ selection
 
-    async def _plan(self, shard: int, now_ms: int | None) -> list[EnvPlan]:
-        """A shard's ready environments, in the selection strategy's order."""
+    async def _heads(
+        self, shards: list[int], now_ms: int | None
+    ) -> tuple[int, dict[int, list[tuple[str, float]]]]:
+        """The clock and every shard's heads-index members, oldest first (at most
+        ``parent_queue_limit`` each, ready ones before future ones): one round trip on
+        one server, whatever the number of shards."""
+        limit = self.selection.parent_queue_limit
+
+        def heads(pipe: Any) -> None:
+            for shard in shards:
+                pipe.zrangebyscore(
+                    self.keys.shard(shard).heads, "-inf", "+inf", start=0, num=limit,
+                    withscores=True,
+                )  # fmt: skip
+
+        if now_ms is None:
+            now, rows = await self.timed_pipeline(heads)
+        else:
+            now, rows = now_ms, await self.pipeline(heads)
+        return now, {
+            shard: [(text_of(m), float(sc)) for m, sc in raw]
+            for shard, raw in zip(shards, rows, strict=True)
+        }
+
+    async def _plan(self, shard: int, members: list[tuple[str, float]]) -> list[EnvPlan]:
+        """A shard's ready environments (from its ready ``members``), in the selection
+        strategy's order."""
         s = self.keys.shard(shard)
-        now = await self.now_or_server(now_ms)
-        raw: Any = await self.read(
-            self.client.zrangebyscore(
-                s.heads, "-inf", now, start=0, num=self.selection.parent_queue_limit,
-                withscores=True,
-            )
-        )  # fmt: skip
-        members = [(text_of(m), float(sc)) for m, sc in raw]
-        if not members:
-            return []
         plans = self.selection.group(members)
+        if len(plans) == 1:
+            return plans  # nothing to order; its dequeue script applies its limit itself
         envs = [p.env for p in plans]
 
         def gates(pipe: Any) -> None:
@@ -238,16 +268,3 @@ class DequeueOps(StoreCore):
                 for env, t in zip(envs, tags_raw or [None] * len(envs), strict=True)
             }
         return self.selection.order(members, busy, limit, tags)
-
-    async def _next_due(self, shards: list[int], now_ms: int | None) -> int | None:
-        """ms until the earliest future head over the shards (None when all are empty)."""
-
-        def heads(pipe: Any) -> None:
-            for shard in shards:
-                pipe.zrange(self.keys.shard(shard).heads, 0, 0, withscores=True)
-
-        found = [float(r[0][1]) for r in await self.pipeline(heads) if r]
-        if not found:
-            return None
-        now = await self.now_or_server(now_ms)
-        return max(0, int(min(found)) - now)
