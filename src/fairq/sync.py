@@ -1,8 +1,9 @@
 """The blocking facade: runs an app's coroutines on a private event-loop thread.
 
-One daemon thread per app, started on first use, with its own connection. Triggers
-sent from several threads at once land on that loop, where the calls made while one is
-in flight for their queue are sent together (one script call per queue).
+One daemon thread per app, started on first use, with its own connection. A blocking
+trigger on one server skips that loop: the calling thread sends the enqueue itself
+(:mod:`fairq.store.blocking`), and threads triggering into the same queue at once share
+script calls.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fairq import telemetry
 from fairq.errors import FairqError
+from fairq.server import is_cluster_url
+from fairq.store.blocking import BlockingEnqueuer
 
 if TYPE_CHECKING:
     from fairq.app import Fairq
     from fairq.outcomes import RunInfo
+    from fairq.store import RunQueue
     from fairq.tasks import RunHandle, Task, TriggerItem
 
 T = TypeVar("T")
@@ -33,6 +38,8 @@ class SyncFacade:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._blocking: BlockingEnqueuer | None = None
+        self._no_blocking = False
 
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -53,7 +60,15 @@ class SyncFacade:
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def trigger(self, task: Task[Any, R], item: TriggerItem[Any]) -> RunHandle[R]:
-        """Blocking trigger of one run (see :meth:`fairq.tasks.Task.trigger`)."""
+        """Blocking trigger of one run (see :meth:`fairq.tasks.Task.trigger`): sent from
+        the calling thread on a blocking connection (one server), through the facade's
+        loop otherwise (a cluster, eager mode)."""
+        blocking = None if self.app.eager else self._enqueuer()
+        if blocking is not None:
+            request = task.request_for(item)
+            with telemetry.trigger_span([request]):
+                result = blocking.enqueue_one(telemetry.with_trace_context(request))
+            return task.handle_for(result)
 
         async def send() -> RunHandle[R]:
             return await task.trigger(
@@ -64,15 +79,38 @@ class SyncFacade:
 
         return self.run(send())
 
+    def _enqueuer(self) -> BlockingEnqueuer | None:
+        """The blocking enqueuer (made on first use; None on a cluster)."""
+        with self._lock:
+            if self._blocking is not None or self._no_blocking:
+                return self._blocking
+        rq = self.run(self._checked_queue())
+        url = self.run(self.app.resolved_url())
+        with self._lock:
+            if self._blocking is None and not self._no_blocking:
+                if is_cluster_url(url):
+                    self._no_blocking = True
+                else:
+                    self._blocking = BlockingEnqueuer(rq, url)
+            return self._blocking
+
+    async def _checked_queue(self) -> RunQueue:
+        rq = await self.app.queue()
+        await rq.check_meta()
+        return rq
+
     def get_run(self, run_id: str) -> RunInfo | None:
         """Blocking :meth:`Fairq.get_run`."""
         return self.run(self.app.get_run(run_id))
 
     def close(self) -> None:
-        """Close the facade's connection and stop its thread."""
+        """Close the facade's connections and stop its thread."""
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+            blocking, self._blocking, self._no_blocking = self._blocking, None, False
+        if blocking is not None:
+            blocking.close()
         if loop is None or thread is None:
             return
         with contextlib.suppress(concurrent.futures.CancelledError, RuntimeError, FairqError):

@@ -34,7 +34,7 @@ from fairq.errors import (
     TaskTimeoutError,
     short,
 )
-from fairq.models import CancelOutcome, Delivery, EnqueueRequest, EnqueueStatus
+from fairq.models import CancelOutcome, Delivery, EnqueueRequest, EnqueueResult, EnqueueStatus
 from fairq.outcomes import RunInfo, RunStatus
 from fairq.run_context import RunContext, _current
 
@@ -326,15 +326,23 @@ class Task(Generic[P, R]):
         item = TriggerItem(
             payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout, keep_result
         )
-        try:
-            request = self._request(item)
-        except PayloadError as exc:
-            raise PayloadError(f"task {self.name!r}: {exc}") from None
+        request = self.request_for(item)
         if self.app.eager:
             return await self._run_eagerly(request)
         rq = await self.app.queue()
         with telemetry.trigger_span([request]):
             result = await rq.enqueue_one(telemetry.with_trace_context(request))
+        return self.handle_for(result)
+
+    def request_for(self, item: TriggerItem[P]) -> EnqueueRequest:
+        """The store request of one trigger (the blocking facade sends it itself)."""
+        try:
+            return self._request(item)
+        except PayloadError as exc:
+            raise PayloadError(f"task {self.name!r}: {exc}") from None
+
+    def handle_for(self, result: EnqueueResult) -> RunHandle[R]:
+        """The handle of an enqueued run; raises when the queue refused it (size limit)."""
         handle = self._handle(result.run_id, result.status, result.queue_size_limit)
         if handle.error is not None:
             raise handle.error

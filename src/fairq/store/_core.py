@@ -177,7 +177,7 @@ class StoreCore:
         tag = self.keys.tag_of(env)
         order = self.order_for(env)
         reply = await self.call(operation, order, tag, args, now_ms)
-        if order == "age" and _status_of(reply) == Status.NEEDS_FAIR:
+        if order == "age" and status_of(reply) == Status.NEEDS_FAIR:
             self.learn_fair(env)
             reply = await self.call(operation, "fair", tag, args, now_ms)
         return reply
@@ -188,16 +188,11 @@ class StoreCore:
             return await awaitable
         except FairqError:
             raise
-        except (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError) as exc:
-            raise ConnectionLostError(self.server, f"{type(exc).__name__}: {exc}") from exc
-        except TRANSIENT_SERVER_ERRORS as exc:
-            # the server answers but cannot serve for now (a cluster failing over, a node
-            # back from a restart): as good as away, and retried the same way
-            raise ConnectionLostError(self.server, f"{type(exc).__name__}: {exc}") from exc
-        except ResponseError as exc:
-            raise FairqError(f"the server at {self.server} refused a command: {exc}") from exc
-        except RedisError as exc:
-            raise FairqError(f"the server at {self.server} failed: {exc}") from exc
+        except Exception as exc:
+            mapped = translated(exc, self.server)
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
     def decode(self, operation: str, code: object) -> Status:
         return decode(operation, code)
@@ -240,7 +235,22 @@ def _ms(clock: Any) -> int:
     return int(clock[0]) * 1000 + int(clock[1]) // 1000
 
 
-def _status_of(reply: Any) -> Status | None:
+def translated(exc: Exception, server: str) -> Exception:
+    """The fairq error for a driver error (the exception itself when it is none)."""
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)):
+        return ConnectionLostError(server, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, TRANSIENT_SERVER_ERRORS):
+        # the server answers but cannot serve for now (a cluster failing over, a node
+        # back from a restart): as good as away, and retried the same way
+        return ConnectionLostError(server, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, ResponseError):
+        return FairqError(f"the server at {server} refused a command: {exc}")
+    if isinstance(exc, RedisError):
+        return FairqError(f"the server at {server} failed: {exc}")
+    return exc
+
+
+def status_of(reply: Any) -> Status | None:
     if isinstance(reply, list) and reply:
         try:
             return Status(int(reply[0]))

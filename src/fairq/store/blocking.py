@@ -1,0 +1,157 @@
+"""Blocking single-run enqueues, for the blocking API (``Task.trigger_sync``) on one server.
+
+A thread that triggers a run sends the enqueue script itself on a blocking connection:
+no hop to an event-loop thread and back. Threads enqueueing into the same queue at once
+share script calls (group commit): a call that finds none of its queue in flight is sent
+at once; calls made while one is in flight wait, and the first of them sends them all
+together when the call in flight returns (each caller gets its own result or error).
+
+It shares its :class:`~fairq.store.RunQueue`'s key schema, scripts, context, validation
+and what it learned about environments' orders; a cluster keeps the event-loop path.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.exceptions import ResponseError
+
+from fairq.errors import FairqError, raise_for_code
+from fairq.keys import Environment
+from fairq.models import EnqueueRequest, EnqueueResult
+from fairq.store._core import status_of, translated
+from fairq.store.enqueue import _STATUS, MAX_RUNS_PER_CALL
+from fairq.store.status import Status, decode
+
+if TYPE_CHECKING:
+    from fairq.store import RunQueue
+
+_Key = tuple[Environment, str]
+
+
+@dataclass(eq=False)
+class _Call:
+    """One caller's run, and what came of it."""
+
+    request: EnqueueRequest
+    encoded: list[str]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: EnqueueResult | None = None
+    error: BaseException | None = None
+    #: Set when this caller must send the batch it is part of (``batch``).
+    lead: bool = False
+    batch: list[_Call] = field(default_factory=list)
+
+
+class BlockingEnqueuer:
+    """Thread-safe blocking ``enqueue_one`` on its own connection pool."""
+
+    def __init__(self, rq: RunQueue, url: str) -> None:
+        self._rq = rq
+        self._client = redis.Redis.from_url(
+            url, decode_responses=False, socket_timeout=None, socket_connect_timeout=5
+        )
+        self._lock = threading.Lock()
+        self._waiting: dict[_Key, list[_Call]] = {}
+        self._sending: set[_Key] = set()
+
+    def enqueue_one(self, request: EnqueueRequest) -> EnqueueResult:
+        """Queue one run (validated first, nothing written on bad input).
+
+        Raises:
+            InvalidNameError, PayloadError, InvalidLimitError: bad input.
+            ConnectionLostError: the server cannot be reached.
+        """
+        call = _Call(request, self._rq.encode_request(request))
+        key = (request.env, request.queue)
+        with self._lock:
+            if key in self._sending:
+                self._waiting.setdefault(key, []).append(call)
+                lead = False
+            else:
+                self._sending.add(key)
+                lead = True
+        if lead:
+            self._send_and_hand_over(key, [call])
+        else:
+            call.done.wait()
+            if call.lead:
+                self._send_and_hand_over(key, call.batch)
+                call.done.wait()
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    def _send_and_hand_over(self, key: _Key, batch: list[_Call]) -> None:
+        """Send ``batch``, then make the first caller that waited meanwhile send the next
+        batch (or mark the queue idle)."""
+        try:
+            self._send(key, batch)
+        except BaseException as exc:  # every caller of the batch hears of it
+            for call in batch:
+                if call.result is None and call.error is None:
+                    call.error = exc
+        finally:
+            with self._lock:
+                following = self._waiting.pop(key, [])
+                if following:
+                    following[0].lead = True
+                    following[0].batch = following
+                    following[0].done.set()
+                else:
+                    self._sending.discard(key)
+            for call in batch:  # (a caller that led this batch is past its wait already)
+                call.done.set()
+
+    def _send(self, key: _Key, batch: list[_Call]) -> None:
+        env, queue = key
+        for start in range(0, len(batch), MAX_RUNS_PER_CALL):
+            part = batch[start : start + MAX_RUNS_PER_CALL]
+            args: list[str] = [env.id, queue, "", "0"]
+            for call in part:
+                args.extend(call.encoded)
+            reply = self._call_for_env(env, args)
+            decode("enqueue", reply[0])
+            limit = int(reply[1])
+            for call, code in zip(part, reply[2:], strict=True):
+                status = _STATUS[decode("enqueue", code)]
+                call.result = EnqueueResult(call.request.run_id, status, limit)
+
+    def _call_for_env(self, env: Environment, args: list[str]) -> Any:
+        rq = self._rq
+        tag = rq.keys.tag_of(env)
+        order = rq.order_for(env)
+        reply = self._fcall(order, tag, args)
+        if order == "age" and status_of(reply) == Status.NEEDS_FAIR:
+            rq.learn_fair(env)
+            reply = self._fcall("fair", tag, args)
+        return reply
+
+    def _fcall(self, order: Any, tag: str, args: list[str]) -> Any:
+        script = self._rq._scripts.get("enqueue", order)
+        argv = [*self._rq._context.argv(script.context, None), *args]
+        try:
+            try:
+                return self._client.fcall(script.function, 1, tag, *argv)
+            except ResponseError as exc:
+                if "function not found" not in str(exc).lower():
+                    raise
+                self._client.function_load(script.source, replace=True)
+                return self._client.fcall(script.function, 1, tag, *argv)
+        except FairqError:
+            raise
+        except Exception as exc:
+            text = str(exc)
+            if isinstance(exc, ResponseError) and "FQ" in text:
+                raise_for_code(text[text.index("FQ") :])
+            mapped = translated(exc, self._rq.server)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    def close(self) -> None:
+        self._client.close()
