@@ -90,9 +90,10 @@ class DequeueOps(StoreCore):
         """Lease up to ``max_count`` runs, and say how long to wait when there are none.
 
         With ``env`` (and optionally ``queues``, e.g. a worker's task queues) one script
-        call serves that environment, gated by its limits. Without, the shards are tried
-        in random order and each shard's environments in the selection strategy's order
-        (its ready heads read in one round trip, then one call per environment).
+        call serves that environment, gated by its limits. Without, every shard's heads
+        are read in one round trip (with the server's clock), the shards are tried in
+        random order and each shard's ready environments in the selection strategy's
+        order, one script call per environment.
 
         Raises:
             InvalidLimitError: ``max_count`` not an integer in 1..1000, or a bad lease.
