@@ -639,19 +639,41 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     if #p.keys == 0 and pair_emptied(p) then drop_pair(p) end
   end
 
+  -- A pair's best active key (taken out of the pair's key heap: the caller puts it back
+  -- while it stays active) and the next best (left in). The heap is built on first use;
+  -- a key that turned inactive is dropped when it comes up.
+  local function key_less(a, b) return key_better(a, b) end
   local function best_key(p)
-    local best, second = nil, nil
-    for _, k in ipairs(p.keys) do
-      if k.active then
-        if key_better(k, best) then
-          second = best
-          best = k
-        elseif key_better(k, second) then
-          second = k
-        end
+    local h = p.kheap
+    if h == nil then
+      h = heap_new(key_less)
+      for _, k in ipairs(p.keys) do
+        if k.active then heap_push(h, k) end
       end
+      p.kheap = h
     end
-    return best, second
+    local best = heap_pop(h)
+    while best ~= nil and not best.active do best = heap_pop(h) end
+    while h.n > 0 and not h[1].active do heap_pop(h) end
+    return best, h[1]
+  end
+
+  -- The least `tie` (longest-waiting known head) of a pair's active keys, from a heap of
+  -- {key, tie} snapshots (one is stale once its key turned inactive or moved its tie).
+  local function tie_less(a, b) return a.tie < b.tie end
+  local function keys_tie(p, moved)
+    local h = p.tieheap
+    if h == nil then
+      h = heap_new(tie_less)
+      for _, k in ipairs(p.keys) do
+        if k.active then heap_push(h, {k = k, tie = k.tie}) end
+      end
+      p.tieheap = h
+    elseif moved ~= nil then
+      heap_push(h, {k = moved, tie = moved.tie})
+    end
+    while h.n > 0 and not (h[1].k.active and h[1].k.tie == h[1].tie) do heap_pop(h) end
+    return h.n > 0 and h[1].tie or math.huge
   end
 
   -- Serve `got` runs just claimed for pair p (and key kc): advance the tags.
@@ -812,11 +834,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             -- its new head competes from now on
             if kc ~= nil then
               kc.tie = head or math.huge
-              p.tie = math.huge
-              for _, k in ipairs(p.keys) do
-                if k.active and k ~= kc and k.tie < p.tie then p.tie = k.tie end
-              end
-              if kc.tie < p.tie then p.tie = kc.tie end
+              p.tie = keys_tie(p, kc) -- over its active keys, this one included
             else
               p.tie = head or math.huge
             end
@@ -848,6 +866,8 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
           end
         end
       end
+      -- the key taken from the pair's key heap goes back while it is still active
+      if kc ~= nil and kc.active then heap_push(p.kheap, kc) end
       -- still in play (another of its keys, or its next runs): back in with its new tag
       if live(p) then heap_push(heap, snap(p)) end
     end
