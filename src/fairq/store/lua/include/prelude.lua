@@ -84,6 +84,11 @@ end
 local UNPACK_CHUNK = 4000
 local function call_chunked(command, key, items, ...)
   local pre = {...}
+  if #pre == 0 and #items <= UNPACK_CHUNK then -- the usual case: one call, no copy
+    if #items == 0 then return 0 end
+    local got = redis.call(command, key, unpack(items))
+    return type(got) == 'number' and got or 0
+  end
   local total = 0
   for i = 1, #items, UNPACK_CHUNK do
     local args = {}
@@ -97,6 +102,10 @@ end
 
 -- Like call_chunked for commands whose reply is a list (ZMSCORE, HMGET): concatenated.
 local function call_list(command, key, items)
+  if #items <= UNPACK_CHUNK then -- the usual case: one call, no copy
+    if #items == 0 then return {} end
+    return redis.call(command, key, unpack(items))
+  end
   local out = {}
   for i = 1, #items, UNPACK_CHUNK do
     local args = {}
@@ -109,6 +118,10 @@ end
 
 -- DEL many keys (chunked); returns how many existed.
 local function del_keys(keys)
+  if #keys <= UNPACK_CHUNK then
+    if #keys == 0 then return 0 end
+    return redis.call('DEL', unpack(keys))
+  end
   local total = 0
   for i = 1, #keys, UNPACK_CHUNK do
     local chunk = {}
