@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from tests.acceptance.workers import quick_worker
 
 from fairq.app import Fairq
 from fairq.config import RetryPolicy, RunQueueConfig
@@ -22,7 +23,7 @@ from fairq.errors import RunFailedError
 from fairq.keys import Environment
 from fairq.models import CancelOutcome
 from fairq.outcomes import RunStatus
-from fairq.worker import Worker, current_run
+from fairq.worker import current_run
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 #: A heartbeat every 0.5 s.
@@ -34,21 +35,6 @@ async def app(redis_url: str, prefix: str, env: Environment) -> AsyncIterator[Fa
     application = Fairq(env, url=redis_url, config=RunQueueConfig(prefix=prefix, lease_ms=LEASE_MS))
     yield application
     await application.aclose()
-
-
-class RunningWorker:
-    def __init__(self, app: Fairq, **options: Any) -> None:
-        self.worker = Worker(app, idle_timeout=0.2, **options)
-        self.task: asyncio.Task[Any] | None = None
-
-    async def __aenter__(self) -> Worker:
-        self.task = asyncio.create_task(self.worker.run())
-        return self.worker
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.worker.stop(force=True)
-        assert self.task is not None
-        await asyncio.wait_for(self.task, 10)
 
 
 async def cancelled(handle: Any) -> RunFailedError:
@@ -78,7 +64,7 @@ async def test_an_async_run_sees_cancelled_error_and_ends_cancelled(app: Fairq) 
             raise
         return payload
 
-    async with RunningWorker(app, concurrency=4) as worker:
+    async with quick_worker(app, concurrency=4) as worker:
         handle = await crawl.trigger(1)
         queued_next = await crawl.trigger(2)  # waits for the single slot
         await asyncio.wait_for(started.wait(), 10)
@@ -115,7 +101,7 @@ async def test_a_plain_function_sees_current_run_cancelled(app: Fairq) -> None:
             time.sleep(0.01)
         return "done"
 
-    async with RunningWorker(app, concurrency=2) as worker:
+    async with quick_worker(app, concurrency=2) as worker:
         handle = await resize.trigger()
         assert await asyncio.to_thread(started.wait, 10)
         assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
@@ -139,7 +125,7 @@ async def test_a_run_that_ignores_its_cancellation_is_abandoned_at_the_grace_dea
         return "too late"
 
     try:
-        async with RunningWorker(app, concurrency=2, cancel_grace=0.5) as worker:
+        async with quick_worker(app, concurrency=2, cancel_grace=0.5) as worker:
             handle = await stubborn.trigger()
             assert await asyncio.to_thread(started.wait, 10)
             began = time.monotonic()
@@ -168,7 +154,7 @@ async def test_an_async_run_that_swallows_cancelled_error_is_abandoned_too(
                 await release.wait()
         return "too late"
 
-    async with RunningWorker(app, concurrency=2, cancel_grace=0.5):
+    async with quick_worker(app, concurrency=2, cancel_grace=0.5):
         handle = await swallow.trigger()
         await asyncio.wait_for(started.wait(), 10)
         assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
@@ -186,7 +172,7 @@ async def test_fairq_cancel_stops_a_running_run(app: Fairq, redis_url: str, pref
         started.set()
         await asyncio.sleep(60)
 
-    async with RunningWorker(app, concurrency=2):
+    async with quick_worker(app, concurrency=2):
         handle = await long.trigger()
         await asyncio.wait_for(started.wait(), 10)
         env = {**os.environ, "FAIRQ_REDIS_URL": redis_url, "FAIRQ_PREFIX": prefix}
@@ -215,7 +201,7 @@ async def test_an_abandoned_async_run_gives_its_worker_slot_back(app: Fairq) -> 
     async def quick(payload: int) -> int:
         return payload
 
-    async with RunningWorker(app, concurrency=1, cancel_grace=0.5):
+    async with quick_worker(app, concurrency=1, cancel_grace=0.5):
         try:
             handle = await swallow.trigger()
             await asyncio.wait_for(started.wait(), 10)

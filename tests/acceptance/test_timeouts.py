@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from tests.acceptance.workers import quick_worker
 
 from fairq.app import Fairq
 from fairq.config import RetryPolicy, RunQueueConfig
 from fairq.errors import RunFailedError
 from fairq.keys import Environment
 from fairq.outcomes import RunStatus
-from fairq.worker import Worker, current_run
+from fairq.worker import current_run
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 FAST_RETRY = RetryPolicy(max_attempts=3, min_delay_ms=5, max_delay_ms=5, randomize=False)
@@ -27,21 +28,6 @@ async def app(redis_url: str, prefix: str, env: Environment) -> AsyncIterator[Fa
     application = Fairq(env, url=redis_url, config=RunQueueConfig(prefix=prefix, lease_ms=1500))
     yield application
     await application.aclose()
-
-
-class RunningWorker:
-    def __init__(self, app: Fairq, **options: Any) -> None:
-        self.worker = Worker(app, idle_timeout=0.2, **options)
-        self.task: asyncio.Task[Any] | None = None
-
-    async def __aenter__(self) -> Worker:
-        self.task = asyncio.create_task(self.worker.run())
-        return self.worker
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.worker.stop(force=True)
-        assert self.task is not None
-        await asyncio.wait_for(self.task, 10)
 
 
 async def ended(handle: Any) -> RunFailedError:
@@ -61,7 +47,7 @@ async def test_an_async_task_is_cancelled_at_its_deadline(app: Fairq) -> None:
             saw.append("cancelled")
             raise
 
-    async with RunningWorker(app, concurrency=2) as worker:
+    async with quick_worker(app, concurrency=2) as worker:
         began = time.monotonic()
         handle = await slow.trigger()
         error = await ended(handle)
@@ -92,7 +78,7 @@ async def test_a_plain_function_is_abandoned_at_its_deadline_and_the_run_times_o
         return payload * 2
 
     try:
-        async with RunningWorker(app, concurrency=2) as worker:
+        async with quick_worker(app, concurrency=2) as worker:
             handle = await blocking.trigger()
             error = await ended(handle)
             assert error.status is RunStatus.TIMED_OUT
@@ -121,7 +107,7 @@ async def test_a_triggers_timeout_overrides_the_tasks(app: Fairq) -> None:
         await asyncio.sleep(payload)
         return "rested"
 
-    async with RunningWorker(app, concurrency=4):
+    async with quick_worker(app, concurrency=4):
         longer = await nap.trigger(0.5, timeout=5)
         shorter = await unbounded.trigger(5, timeout=0.2)
         assert await longer.wait(timeout=10) == "rested"
@@ -145,7 +131,7 @@ async def test_timed_out_attempts_are_retried_by_the_tasks_policy(app: Fairq) ->
     async def stuck(payload: None) -> None:
         await asyncio.sleep(10)
 
-    async with RunningWorker(app, concurrency=4) as worker:
+    async with quick_worker(app, concurrency=4) as worker:
         ok = await warming.trigger()
         bad = await stuck.trigger()
         assert await ok.wait(timeout=10) == 2
@@ -163,7 +149,7 @@ async def test_a_tasks_own_timeout_error_is_an_ordinary_failure(app: Fairq) -> N
     async def upstream(payload: None) -> None:
         raise TimeoutError("the upstream API timed out")
 
-    async with RunningWorker(app, concurrency=2) as worker:
+    async with quick_worker(app, concurrency=2) as worker:
         error = await ended(await upstream.trigger())
     assert error.status is RunStatus.DEAD_LETTERED
     assert "the upstream API timed out" in str(error)

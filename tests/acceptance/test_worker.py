@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.acceptance.workers import RunningWorker
 from tests.state import run_state
 
 from fairq.app import Fairq
@@ -27,7 +28,7 @@ from fairq.keys import Environment
 from fairq.models import CancelOutcome, EnqueueStatus
 from fairq.outcomes import RunStatus
 from fairq.tasks import TriggerItem
-from fairq.worker import Worker, current_run
+from fairq.worker import current_run
 
 #: Retries without real backoff waits.
 FAST_RETRY = RetryPolicy(max_attempts=3, min_delay_ms=5, max_delay_ms=5, randomize=False)
@@ -48,23 +49,6 @@ async def app(redis_url: str, prefix: str, env: Environment) -> AsyncIterator[Fa
     yield application
     await application.aclose()
     application.close()
-
-
-class RunningWorker:
-    """A worker running on the test's loop until the block ends."""
-
-    def __init__(self, app: Fairq, **options: Any) -> None:
-        self.worker = Worker(app, **options)
-        self.task: asyncio.Task[Any] | None = None
-
-    async def __aenter__(self) -> Worker:
-        self.task = asyncio.create_task(self.worker.run())
-        return self.worker
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.worker.stop()
-        assert self.task is not None
-        await asyncio.wait_for(self.task, 10)
 
 
 async def test_async_and_sync_tasks_complete_and_keep_their_results(app: Fairq) -> None:
