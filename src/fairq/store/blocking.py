@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
-from redis.exceptions import ResponseError
 
-from fairq.errors import FairqError, raise_for_code
+from fairq.errors import FairqError
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult
 from fairq.store._core import status_of, translated
-from fairq.store.enqueue import _STATUS, MAX_RUNS_PER_CALL
-from fairq.store.status import Status, decode
+from fairq.store.enqueue import MAX_RUNS_PER_CALL, enqueue_args, enqueue_results
+from fairq.store.scripts import Order
+from fairq.store.status import Status
 
 if TYPE_CHECKING:
     from fairq.store import RunQueue
@@ -111,17 +111,15 @@ class BlockingEnqueuer:
         env, queue = key
         for start in range(0, len(batch), MAX_RUNS_PER_CALL):
             part = batch[start : start + MAX_RUNS_PER_CALL]
-            args: list[str] = [env.id, queue, "", "0"]
-            for call in part:
-                args.extend(call.encoded)
+            args = enqueue_args(env, queue, [call.encoded for call in part])
             reply = self._call_for_env(env, args)
-            decode("enqueue", reply[0])
-            limit = int(reply[1])
-            for call, code in zip(part, reply[2:], strict=True):
-                status = _STATUS[decode("enqueue", code)]
-                call.result = EnqueueResult(call.request.run_id, status, limit)
+            results = enqueue_results([call.request for call in part], reply)
+            for call, result in zip(part, results, strict=True):
+                call.result = result
 
     def _call_for_env(self, env: Environment, args: list[str]) -> Any:
+        """The enqueue script in the environment's order (the fair build when the age
+        build refuses), as :meth:`fairq.store.RunQueue.call_for_env` does."""
         rq = self._rq
         tag = rq.keys.tag_of(env)
         order = rq.order_for(env)
@@ -131,23 +129,14 @@ class BlockingEnqueuer:
             reply = self._fcall("fair", tag, args)
         return reply
 
-    def _fcall(self, order: Any, tag: str, args: list[str]) -> Any:
+    def _fcall(self, order: Order, tag: str, args: list[str]) -> Any:
         script = self._rq._scripts.get("enqueue", order)
         argv = [*self._rq._context.argv(script.context, None), *args]
         try:
-            try:
-                return self._client.fcall(script.function, 1, tag, *argv)
-            except ResponseError as exc:
-                if "function not found" not in str(exc).lower():
-                    raise
-                self._client.function_load(script.source, replace=True)
-                return self._client.fcall(script.function, 1, tag, *argv)
+            return script.call_blocking(self._client, [tag], argv)
         except FairqError:
             raise
         except Exception as exc:
-            text = str(exc)
-            if isinstance(exc, ResponseError) and "FQ" in text:
-                raise_for_code(text[text.index("FQ") :])
             mapped = translated(exc, self._rq.server)
             if mapped is exc:
                 raise

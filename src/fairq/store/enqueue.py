@@ -13,7 +13,7 @@ from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult, EnqueueStatus
 from fairq.store import validate
 from fairq.store._core import StoreCore
-from fairq.store.status import Status
+from fairq.store.status import Status, decode
 
 #: Script calls one enqueue_many keeps in flight at once (bounds connections used).
 MAX_CONCURRENT_CALLS: Final = 8
@@ -25,6 +25,24 @@ _STATUS: Final = {
     Status.DUPLICATE: EnqueueStatus.DUPLICATE,
     Status.REJECTED_SIZE: EnqueueStatus.REJECTED,
 }
+
+
+def enqueue_args(env: Environment, queue: str, encoded: Sequence[list[str]]) -> list[str]:
+    """The arguments of one enqueue script call of already encoded runs (no schedule)."""
+    args: list[str] = [env.id, queue, "", "0"]
+    for fields in encoded:
+        args.extend(fields)
+    return args
+
+
+def enqueue_results(requests: Sequence[EnqueueRequest], reply: Any) -> list[EnqueueResult]:
+    """Each run's result from an enqueue script's reply."""
+    decode("enqueue", reply[0])
+    limit = int(reply[1])
+    return [
+        EnqueueResult(request.run_id, _STATUS[decode("enqueue", code)], limit)
+        for request, code in zip(requests, reply[2:], strict=True)
+    ]
 
 
 _Pending = list[tuple[EnqueueRequest, list[str], "asyncio.Future[EnqueueResult]"]]
@@ -95,16 +113,12 @@ class EnqueueOps(StoreCore):
         try:
             for start in range(0, len(batch), MAX_RUNS_PER_CALL):
                 part = batch[start : start + MAX_RUNS_PER_CALL]
-                args: list[str] = [env.id, queue, "", "0"]
-                for _, encoded, _ in part:
-                    args.extend(encoded)
+                args = enqueue_args(env, queue, [encoded for _, encoded, _ in part])
                 reply = await self.call_for_env("enqueue", env, args, now_ms)
-                self.decode("enqueue", reply[0])
-                limit = int(reply[1])
-                for (request, _, future), code in zip(part, reply[2:], strict=True):
+                results = enqueue_results([request for request, _, _ in part], reply)
+                for (_, _, future), result in zip(part, results, strict=True):
                     if not future.done():
-                        status = _STATUS[self.decode("enqueue", code)]
-                        future.set_result(EnqueueResult(request.run_id, status, limit))
+                        future.set_result(result)
         except BaseException as exc:
             for _, _, future in batch:
                 if not future.done():
@@ -245,15 +259,11 @@ class EnqueueOps(StoreCore):
         ]
 
         async def one(env: Environment, queue: str, indexes: list[int]) -> None:
-            args: list[str] = [env.id, queue, "", "0"]
-            for i in indexes:
-                args.extend(encoded[i])
+            args = enqueue_args(env, queue, [encoded[i] for i in indexes])
             reply = await self.call_for_env("enqueue", env, args, now_ms)
-            self.decode("enqueue", reply[0])
-            limit = int(reply[1])
-            for i, code in zip(indexes, reply[2:], strict=True):
-                status = _STATUS[self.decode("enqueue", code)]
-                results[i] = EnqueueResult(requests[i].run_id, status, limit)
+            got = enqueue_results([requests[i] for i in indexes], reply)
+            for i, result in zip(indexes, got, strict=True):
+                results[i] = result
 
         if len(calls) == 1:
             await one(*calls[0])

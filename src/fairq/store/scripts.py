@@ -254,14 +254,26 @@ class Script:
             try:
                 return await client.fcall(self.function, len(keys), *keys, *args)
             except ResponseError as exc:
-                if "function not found" not in str(exc).lower():
+                if not _not_loaded(exc):
                     raise
                 await self._load(client)
                 return await client.fcall(self.function, len(keys), *keys, *args)
         except ResponseError as exc:
-            text = str(exc)
-            if "FQ" in text:
-                raise_for_code(text[text.index("FQ") :])
+            _raise_refusal(exc)
+            raise
+
+    def call_blocking(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        """:meth:`__call__` on a blocking client of one server."""
+        try:
+            try:
+                return client.fcall(self.function, len(keys), *keys, *args)
+            except ResponseError as exc:
+                if not _not_loaded(exc):
+                    raise
+                client.function_load(self.source, replace=True)
+                return client.fcall(self.function, len(keys), *keys, *args)
+        except ResponseError as exc:
+            _raise_refusal(exc)
             raise
 
     async def _load(self, client: Any) -> None:
@@ -275,6 +287,18 @@ class Script:
                 await client.execute_command("FUNCTION", "LOAD", "REPLACE", self.source)
         except ResponseError as exc:
             raise ScriptLoadError(f"the server refused library {self.function}: {exc}") from exc
+
+
+def _not_loaded(exc: ResponseError) -> bool:
+    """Whether the server does not have the library (a restart, ``FUNCTION FLUSH``)."""
+    return "function not found" in str(exc).lower()
+
+
+def _raise_refusal(exc: ResponseError) -> None:
+    """Raise the fairq error of a script's ``FQ<code>`` refusal (nothing for others)."""
+    text = str(exc)
+    if "FQ" in text:
+        raise_for_code(text[text.index("FQ") :])
 
 
 #: Attempts to load a library on one cluster node (a command sent to named nodes gets
