@@ -381,11 +381,27 @@ HOOK.slot_freed = function(X, Q, flow, ta)
   end
 end
 
+-- Whether Q (a queue context read from a run) charges by run time in the fair order:
+-- four config fields, read once per queue per call (not the queue's whole config).
+local function charges_duration(X, Q)
+  if Q.order ~= nil then return Q.order == 'fair' and Q.charge == 'duration' end
+  X.qcharge = X.qcharge or {}
+  local known = X.qcharge[Q.B]
+  if known == nil then
+    local raw = redis.call('HMGET', env_key(Q.V, 'config'), config_field(Q.name, 'order'),
+      config_field(Q.name, 'charge'), 'order', 'charge')
+    local order = raw[1] or raw[3] or X.C.default_order
+    local charge = raw[2] or raw[4] or X.C.default_charge
+    known = order == 'fair' and charge == 'duration'
+    X.qcharge[Q.B] = known
+  end
+  return known
+end
+
 -- Charging by run time: the dequeue charged one quantum; correct by what the run took.
 HOOK.charge = function(X, Q, flow, ta, duration_ms)
-  if duration_ms == nil then return end
+  if duration_ms == nil or not charges_duration(X, Q) then return end
   queue_conf(X, Q)
-  if Q.order ~= 'fair' or Q.charge ~= 'duration' then return end
   local tenant = (ta ~= nil and ta ~= '') and ta or default_tenant(Q.name, flow)
   local delta = (duration_ms / X.C.charge_unit_ms - 1) * Q.quantum
   if delta == 0 then return end
@@ -433,15 +449,35 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   local keysets = {}   -- B|T -> {Q, T, keys, kf}
   local lenders = {}
 
+  local function pair_at(Q, T)
+    local of_queue = by_id[Q.B]
+    return of_queue and of_queue[T]
+  end
+
   local function pair_of(Q, T, copy)
-    local id = T .. '|' .. Q.name
-    local p = by_id[id]
+    local of_queue = by_id[Q.B]
+    if of_queue == nil then
+      of_queue = {}
+      by_id[Q.B] = of_queue
+    end
+    local p = of_queue[T]
     if p == nil then
-      p = {id = id, Q = Q, T = T, copy = copy, tie = math.huge, disc = {}, active = true}
-      by_id[id] = p
+      p = {Q = Q, T = T, copy = copy, tie = math.huge, active = true}
+      of_queue[T] = p
       plist[#plist + 1] = p
     end
     return p
+  end
+
+  -- A ready head the discovery found in flow `flow` of pair p.
+  local function note_head(p, flow, score)
+    local disc = p.disc
+    if disc == nil then
+      disc = {}
+      p.disc = disc
+    end
+    disc[flow] = score
+    if score < p.tie then p.tie = score end
   end
 
   -- Give new pairs their tenant record: authoritative tag (V:tt, else the copy; never
@@ -467,7 +503,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       if need_floor then floor_load(X, V, auth[#asked]) end
       local weights = tenant_weights(X, V, queues[1], names, {})
       for i, T in ipairs(names) do
-        ten[T] = {tag = tonumber(auth[i]), weight = weights[T], pairs = {}}
+        ten[T] = {tag = tonumber(auth[i]), weight = weights[T]}
       end
     end
     local floor = tenant_floor(X, V)
@@ -476,7 +512,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     for i = first, #plist do
       local p = plist[i]
       local t = ten[p.T]
-      if t.weight == nil and string.sub(p.T, 1, 1) ~= '/' then
+      if t.weight == nil and p.Q.weighted and string.sub(p.T, 1, 1) ~= '/' then
         local list = by_queue[p.Q.B] or {Q = p.Q, keys = {}}
         by_queue[p.Q.B] = list
         list.keys[#list.keys + 1] = p.T
@@ -495,7 +531,6 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       if t.tag < floor then t.tag = floor end
       if t.weight == nil then t.weight = 1 end
       p.ten = t
-      table.insert(t.pairs, p)
     end
   end
 
@@ -539,13 +574,12 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         local unknown, unknown_flows = {}, {}
         for _, flow in ipairs(flows) do
           local T = named[flow] or default_tenant(Q.name, flow)
-          local p = by_id[T .. '|' .. Q.name]
+          local p = pair_at(Q, T)
           if p == nil then
             unknown[#unknown + 1] = T
             unknown_flows[#unknown_flows + 1] = flow
           else
-            p.disc[flow] = found[flow]
-            if found[flow] < p.tie then p.tie = found[flow] end
+            note_head(p, flow, found[flow])
           end
         end
         if #unknown > 0 then
@@ -561,8 +595,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             end
             if score ~= nil then
               local p = pair_of(Q, T, score)
-              p.disc[flow] = found[flow]
-              if found[flow] < p.tie then p.tie = found[flow] end
+              note_head(p, flow, found[flow])
             end
           end
         end
@@ -614,7 +647,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     local kf = key_floor(X, Q, p.T, kk, floor_raw)
     -- discovered keys of this tenant the loaded part of its set does not list
     local missing = {}
-    for flow in pairs(p.disc) do
+    for flow in pairs(p.disc or {}) do
       if tags[flow] == nil then missing[#missing + 1] = flow end
     end
     table.sort(missing)
@@ -632,7 +665,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     p.keys, p.kf = {}, kf
     for _, flow in ipairs(flows) do
       table.insert(p.keys, {flow = flow, tag = math.max(tags[flow], kf.value),
-        tie = p.disc[flow] or math.huge, active = true, weight = weights[flow] or 1})
+        tie = p.disc and p.disc[flow] or math.huge, active = true, weight = weights[flow] or 1})
     end
     keysets[Q.B .. '|' .. p.T] = {Q = Q, T = p.T, keys = p.keys, kf = kf}
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
@@ -704,45 +737,48 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     return flow_running(X, Q, flow) > 0
   end
 
-  -- The active pairs in a heap by (tenant tag, tie, names). An entry holds the key it
-  -- was pushed with; a pair whose key moved since (its tenant was served through another
-  -- queue) goes back in with its current key when it comes up.
+  -- The active pairs in a heap by (tenant tag, tie, names), each at most once. A pair
+  -- carries the key it was pushed with (hk, ht); one whose key moved since (its tenant
+  -- was served through another queue) goes back in with its current key when it comes up.
   local heap
-  local function snap(p)
-    return {p = p, tag = p.ten.tag, tie = p.tie}
+  local function keyed(p)
+    p.hk, p.ht = p.ten.tag, p.tie
+    return p
   end
   local function live(p)
     return p.active and not qdone[p.Q.B]
   end
-  local function fresh(e)
-    return e.tag == e.p.ten.tag and e.tie == e.p.tie
+  local function fresh(p)
+    return p.hk == p.ten.tag and p.ht == p.tie
   end
   local function pop_best()
     while true do
-      local e = heap_pop(heap)
-      if e == nil then return nil end
-      if live(e.p) then
-        if fresh(e) then return e.p end
-        heap_push(heap, snap(e.p))
+      local p = heap_pop(heap)
+      if p == nil then return nil end
+      if live(p) then
+        if fresh(p) then return p end
+        heap_push(heap, keyed(p))
       end
     end
   end
   -- The best pair of another tenant than T, left in the heap.
   local function peek_other(T)
+    local top = heap[1]
+    if top ~= nil and top.T ~= T and live(top) and fresh(top) then return top end
     local held, found = {}, nil
     while found == nil do
-      local e = heap_pop(heap)
-      if e == nil then break end
-      if live(e.p) then
-        if not fresh(e) then
-          heap_push(heap, snap(e.p))
+      local p = heap_pop(heap)
+      if p == nil then break end
+      if live(p) then
+        if not fresh(p) then
+          heap_push(heap, keyed(p))
         else
-          held[#held + 1] = e
-          if e.p.T ~= T then found = e.p end
+          held[#held + 1] = p
+          if p.T ~= T then found = p end
         end
       end
     end
-    for _, e in ipairs(held) do heap_push(heap, e) end
+    for _, p in ipairs(held) do heap_push(heap, p) end
     return found
   end
 
@@ -751,13 +787,13 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     -- pairs compare by their tenant's tag, then the longest-waiting head they are known
     -- to hold (discovery), then names (only to break a tie of equal heads)
     heap = heap_new(function(a, b)
-      if a.tag ~= b.tag then return a.tag < b.tag end
-      if a.tie ~= b.tie then return a.tie < b.tie end
-      if a.p.T ~= b.p.T then return a.p.T < b.p.T end
-      return a.p.Q.name < b.p.Q.name
+      if a.hk ~= b.hk then return a.hk < b.hk end
+      if a.ht ~= b.ht then return a.ht < b.ht end
+      if a.T ~= b.T then return a.T < b.T end
+      return a.Q.name < b.Q.name
     end)
     for _, c in ipairs(plist) do
-      if live(c) then heap_push(heap, snap(c)) end
+      if live(c) then heap_push(heap, keyed(c)) end
     end
     while served < budget do
       local p = pop_best()
@@ -869,7 +905,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       -- the key taken from the pair's key heap goes back while it is still active
       if kc ~= nil and kc.active then heap_push(p.kheap, kc) end
       -- still in play (another of its keys, or its next runs): back in with its new tag
-      if live(p) then heap_push(heap, snap(p)) end
+      if live(p) then heap_push(heap, keyed(p)) end
     end
   end
 
