@@ -10,10 +10,12 @@ import pytest
 from tests.integration.commandstats import command_counts, reset_stats
 from tests.state import run_state
 
+from fairq import RunQueueConfig
 from fairq import keys as K
 from fairq.errors import QueueSizeLimitExceededError
 from fairq.keys import Environment
 from fairq.models import AckStatus, EnqueueRequest, EnqueueStatus
+from fairq.server import connect
 from fairq.store import RunQueue
 
 T0 = 1_700_000_000_000
@@ -104,6 +106,59 @@ async def test_enqueue_of_a_dead_lettered_run_id_changes_nothing(
     assert await rq.enqueue(env, "q", "r1", now_ms=T0 + 1) is EnqueueStatus.DUPLICATE
     assert await run_state(rq, env, "r1") == "dlq"
     assert (await rq.queue_stats(env, "q")).queued == 0
+
+
+async def _has_command(rq: RunQueue, name: str) -> bool:
+    names = await rq.client.command_list()
+    return name.lower() in {n.decode() if isinstance(n, bytes) else n for n in names}
+
+
+async def test_a_keyless_enqueue_creates_its_run_in_one_command_where_the_server_has_hsetex(
+    make_queue: Any, env: Environment
+) -> None:
+    """The duplicate check and the run hash are one HSETEX ... FNX (where the server has
+    it): a keyless enqueue into a queue that already holds runs is the script, its config
+    read, the hash, the queue's ZADD and the heads-index read (no TIME: a logical clock)."""
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "first", now_ms=T0)
+    await reset_stats(rq.client)
+    assert await rq.enqueue(env, "q", "second", now_ms=T0 + 1) is EnqueueStatus.ENQUEUED
+    counts = {k: v for k, v in (await command_counts(rq.client)).items() if k != "info"}
+    run_hash = {"hsetex": 1} if await _has_command(rq, "HSETEX") else {"exists": 1, "hset": 1}
+    assert counts == {"fcall": 1, "hmget": 1, "zadd": 1, "zscore": 1, **run_hash}
+    await reset_stats(rq.client)
+    assert await rq.enqueue(env, "q", "second", now_ms=T0 + 2) is EnqueueStatus.DUPLICATE
+    counts = await command_counts(rq.client)
+    assert "zadd" not in counts and "hset" not in counts  # nothing written
+
+
+@pytest.mark.single_server  # one ACL user on one server
+async def test_a_user_who_may_not_run_hsetex_enqueues_by_exists_and_hset(
+    redis_url: str, prefix: str, env: Environment
+) -> None:
+    """Where HSETEX is missing (an older server) or denied, the script falls back to
+    EXISTS + HSET: runs are created, duplicates (queued, running) are still refused, and
+    the queue holds each run once."""
+    admin = await connect(redis_url)
+    user = f"nohsetex-{prefix}"
+    await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-hsetex")
+    host = redis_url.split("//", 1)[1]
+    rq = RunQueue(await connect(f"redis://{user}:pw@{host}"), RunQueueConfig(prefix=prefix))
+    try:
+        assert await rq.enqueue(env, "q", "r1", "first", now_ms=T0) is EnqueueStatus.ENQUEUED
+        assert await rq.enqueue(env, "q", "r1", "again", now_ms=T0) is EnqueueStatus.DUPLICATE
+        assert await rq.enqueue(env, "q", "r2", now_ms=T0 + 1) is EnqueueStatus.ENQUEUED
+        (d,) = await rq.dequeue(1, now_ms=T0 + 1)
+        assert (d.run_id, d.payload) == ("r1", "first")
+        assert await rq.enqueue(env, "q", "r1", now_ms=T0 + 2) is EnqueueStatus.DUPLICATE
+        stats = await rq.queue_stats(env, "q")
+        assert (stats.queued, stats.running) == (1, 1)
+        assert await run_state(rq, env, "r1") == "running"
+    finally:
+        await rq.purge()
+        await rq.close()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
 
 
 async def test_runs_are_served_in_score_order(make_queue: Any, env: Environment) -> None:

@@ -72,6 +72,45 @@ for r = 0, count - 1 do
   runs[#runs + 1] = run
 end
 
+-- The run hash's fields.
+local function run_fields(run)
+  local fields = {'q', queue, 'k', run.ck, 'p', run.payload, 's', run.score,
+    't', C.now, 'a', 0, 'd', 0, 'st', 'queued'}
+  if run.tenant ~= '' then
+    fields[#fields + 1] = 'n'
+    fields[#fields + 1] = run.tenant
+  end
+  if run.ttl_deadline > 0 then
+    fields[#fields + 1] = 'x'
+    fields[#fields + 1] = run.ttl_deadline
+  end
+  if run.keep ~= '' then
+    fields[#fields + 1] = 'o'
+    fields[#fields + 1] = run.keep
+  end
+  if run.timeout > 0 then
+    fields[#fields + 1] = 'to'
+    fields[#fields + 1] = run.timeout
+  end
+  if run.trace ~= '' then
+    fields[#fields + 1] = 'tc'
+    fields[#fields + 1] = run.trace
+  end
+  return fields
+end
+
+-- Create a run hash unless the run id is taken (returns false then), in one command
+-- where the server has HSETEX (Valkey >= 9, Redis >= 8: FNX sets the fields only if
+-- none of them exists, and every run hash holds 'q' and 'st'); else (no such command,
+-- or the user may not run it) by EXISTS and HSET.
+local function create_hash(mkey, fields)
+  local done = redis.pcall('HSETEX', mkey, 'FNX', 'FIELDS', #fields / 2, unpack(fields))
+  if type(done) == 'number' then return done == 1 end
+  if redis.call('EXISTS', mkey) == 1 then return false end
+  redis.call('HSET', mkey, unpack(fields))
+  return true
+end
+
 local X = state_new(C, tag)
 local V = env_prefix(tag, env_id)
 local env, by_name = config_read(X, V, env_id, {queue})
@@ -91,43 +130,29 @@ for _, run in ipairs(runs) do
   local member = env_id .. ':' .. run.id
   local mkey = run_key(tag, member)
   local status
-  if redis.call('EXISTS', mkey) == 1 then
-    status = S.DUPLICATE -- idempotent: this run id is queued, running or dead-lettered
-  else
-    if max_size > 0 and size == nil then
-      size = redis.call('ZCARD', queue_key(Q.B, 'queued')) + ck_queued(X, Q.B, V, env_id, queue)
-    end
-    if max_size > 0 and size + 1 > max_size then
-      status = S.REJECTED_SIZE
+  -- a run id already used (queued, running or dead-lettered) is a no-op: DUPLICATE, also
+  -- when the queue is full (so with a size limit it is checked before the size)
+  if max_size > 0 then
+    if redis.call('EXISTS', mkey) == 1 then
+      status = S.DUPLICATE
     else
-      local fields = {'q', queue, 'k', run.ck, 'p', run.payload, 's', run.score,
-        't', C.now, 'a', 0, 'd', 0, 'st', 'queued'}
-      if run.tenant ~= '' then
-        fields[#fields + 1] = 'n'
-        fields[#fields + 1] = run.tenant
+      if size == nil then
+        size = redis.call('ZCARD', queue_key(Q.B, 'queued')) + ck_queued(X, Q.B, V, env_id, queue)
       end
-      if run.ttl_deadline > 0 then
-        fields[#fields + 1] = 'x'
-        fields[#fields + 1] = run.ttl_deadline
+      if size + 1 > max_size then
+        status = S.REJECTED_SIZE
+      else
+        redis.call('HSET', mkey, unpack(run_fields(run)))
       end
-      if run.keep ~= '' then
-        fields[#fields + 1] = 'o'
-        fields[#fields + 1] = run.keep
-      end
-      if run.timeout > 0 then
-        fields[#fields + 1] = 'to'
-        fields[#fields + 1] = run.timeout
-      end
-      if run.trace ~= '' then
-        fields[#fields + 1] = 'tc'
-        fields[#fields + 1] = run.trace
-      end
-      redis.call('HSET', mkey, unpack(fields))
-      place_queued(X, Q, run.ck, run.id, run.score, run.tenant)
-      if run.ttl_deadline > 0 then redis.call('ZADD', X.ttl, run.ttl_deadline, member) end
-      if size then size = size + 1 end
-      status = S.ENQUEUED
     end
+  elseif not create_hash(mkey, run_fields(run)) then
+    status = S.DUPLICATE
+  end
+  if status == nil then
+    place_queued(X, Q, run.ck, run.id, run.score, run.tenant)
+    if run.ttl_deadline > 0 then redis.call('ZADD', X.ttl, run.ttl_deadline, member) end
+    if size then size = size + 1 end
+    status = S.ENQUEUED
   end
   reply[#reply + 1] = status
 end
