@@ -113,7 +113,7 @@ end
 
 local X = state_new(C, tag)
 local V = env_prefix(tag, env_id)
-local env, by_name = config_read(X, V, env_id, {queue})
+local env, by_name = HOOK.enqueue_config(X, V, env_id, queue)
 local Q = by_name[queue]
 if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, 0} end
 if schedule ~= '' then

@@ -107,6 +107,27 @@ local function config_read(X, V, env_id, queues)
   return env, by_name
 end
 
+-- The few options an age-order enqueue reads (its size limit, order and named flag) in a
+-- 5-field HMGET: a queue context with only those settings (same fallbacks as
+-- queue_config: the queue's, else the environment's, else the process default).
+-- Returns env, {name -> queue}.
+local function enqueue_config_read(X, V, env_id, name)
+  local C = X.C
+  local raw = redis.call('HMGET', env_key(V, 'config'), 'max_queue_size', 'order',
+    config_field(name, 'max_size'), config_field(name, 'order'), config_field(name, 'named'))
+  local env = {
+    V = V, env_id = env_id,
+    max_queue_size = option_value('int', raw[1]) or C.default_queue_size_limit,
+  }
+  local Q = {
+    name = name, env = env, env_id = env_id, V = V, B = queue_prefix(X.tag, env_id, name),
+    max_size = option_value('int', raw[3]) or env.max_queue_size,
+    order = option_value('word', raw[4]) or option_value('word', raw[2]) or C.default_order,
+    named = option_value('flag', raw[5]) or false,
+  }
+  return env, {[name] = Q}
+end
+
 -- Whether any of the queues uses the fair order.
 local function any_fair(by_name)
   for _, q in pairs(by_name) do

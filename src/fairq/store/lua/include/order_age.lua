@@ -13,6 +13,11 @@ HOOK.finish = function(X) end
 -- the caller then runs the fair-order build, which serves both orders.
 HOOK.needs_fair = function(by_name) return any_fair(by_name) end
 
+-- An enqueue needs only its queue's size limit and order (and named flag) here.
+HOOK.enqueue_config = function(X, V, env_id, queue)
+  return enqueue_config_read(X, V, env_id, queue)
+end
+
 -- Serve the ready heads-index entries of one environment, oldest head first.
 -- `ready` is a list of {kind, queue, score}; `by_name` the queues' configs.
 HOOK.serve = function(X, env, by_name, ready, budget, lease_ms, out, R)

@@ -428,6 +428,11 @@ HOOK.finish = function(X) end
 
 HOOK.needs_fair = function(by_name) return false end
 
+-- The fair order's enqueue hooks read the queue's whole config (parking, weights, join).
+HOOK.enqueue_config = function(X, V, env_id, queue)
+  return config_read(X, V, env_id, {queue})
+end
+
 -- ------------------------------------------------------------------ the fair serve
 
 local function key_better(a, b)

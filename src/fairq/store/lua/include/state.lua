@@ -5,30 +5,43 @@
 
 local HOOK = {}
 
+-- The per-call tables of a script's state, each made on first use (a call touches few).
+local STATE_TABLES = {
+  -- counters.lua: known values, pending deltas and truth functions per counter key
+  cval = true, cdelta = true, cseed = true,
+  -- tenant running counts (counters.lua): per B, seeded flag, values, pending deltas
+  trseen = true, trval = true, trdelta = true,
+  -- runs.lua: slot and index changes applied once at the end (state_flush)
+  env_take = true, env_free = true, lease_add = true, lease_del = true, ttl_del = true,
+  free_groups = true, free_by = true,
+  -- ck_index head moves not yet written: B -> {order, score}
+  ckidx = true,
+  -- keys to delete that exist (run hashes), deleted with the flush's gated flags
+  deletes = true,
+  recent = true, history = true,
+  -- queues whose heads-index member must be re-scored: B|kind -> {B, env_id, queue, kind}
+  touched = true,
+  -- environments whose consumers must be woken: V -> true
+  wake_env = true,
+}
+local STATE_META = {
+  __index = function(X, name)
+    if STATE_TABLES[name] then
+      local t = {}
+      rawset(X, name, t)
+      return t
+    end
+  end,
+}
+
 local function state_new(C, tag)
-  return {
+  return setmetatable({
     C = C,
     tag = tag,
     now = C.now,
     heads = shard_key(tag, 'heads'),
     leases = shard_key(tag, 'leases'),
     ttl = shard_key(tag, 'ttl'),
-    -- counters.lua: known values, pending deltas and truth functions per counter key
-    cval = {}, cdelta = {}, cseed = {},
-    -- tenant running counts (counters.lua): per B, seeded flag, values, pending deltas
-    trseen = {}, trval = {}, trdelta = {},
-    -- runs.lua: slot and index changes applied once at the end (state_flush)
-    env_take = {}, env_free = {}, lease_add = {}, lease_del = {}, ttl_del = {},
-    free_groups = {}, free_by = {},
-    -- ck_index head moves not yet written: B -> {order, score}
-    ckidx = {},
-    -- keys to delete that exist (run hashes), deleted with the flush's gated flags
-    deletes = {},
-    recent = {}, history = {},
-    -- queues whose heads-index member must be re-scored: B|kind -> {B, env_id, queue, kind}
-    touched = {},
-    -- environments whose consumers must be woken: V -> true
-    wake_env = {},
     wake = false,
-  }
+  }, STATE_META)
 end
