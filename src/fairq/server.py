@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from fairq.errors import ConfigurationError, EmbeddedServerError, ServerUnavailableError
+from fairq.packing import use_hiredis_packing
 
 #: Environment variable naming an external server.
 URL_ENV = "FAIRQ_REDIS_URL"
@@ -1011,6 +1012,7 @@ async def connect(url: str, *, check: bool = True) -> AnyRedis:
             client = aioredis.from_url(
                 url, decode_responses=False, socket_timeout=None, socket_connect_timeout=5
             )
+            use_hiredis_packing(client.connection_pool)
     except (ValueError, RedisError) as exc:
         raise ServerUnavailableError(shown, f"bad URL ({exc})") from None
     if not check:
