@@ -2,8 +2,9 @@
 
 Checked on the source (AST), so a leak through an attribute (``rq.client``) is caught as
 well as an import. ``server.py`` and ``cluster.py`` manage server processes (they talk
-to a server, never to fairq's keys) and may import redis-py; other modules may import
-only ``redis.exceptions`` (to name an error type).
+to a server, never to fairq's keys) and ``packing.py`` how connections pack commands;
+they may import redis-py. Other modules may import only ``redis.exceptions`` (to name
+an error type).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import fairq
 
 ROOT = Path(fairq.__file__).parent
 STORE = ROOT / "store"
-SERVER_MODULES = {ROOT / "server.py", ROOT / "cluster.py"}
+SERVER_MODULES = {ROOT / "server.py", ROOT / "cluster.py", ROOT / "packing.py"}
 
 
 def _modules() -> list[Path]:
