@@ -24,10 +24,13 @@ from fairq import server as fq_server
 from fairq.errors import FairqError, ServerUnavailableError
 from fairq.server import EmbeddedServer, connect
 
+#: The owner turns SIGINT back into KeyboardInterrupt: a process started as a background
+#: job of a non-interactive shell (a CI step run with `&`) inherits SIGINT ignored.
 OWNER = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from fairq.server import EmbeddedServer
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with EmbeddedServer() as s:
         print(s.port, s.process.pid, flush=True)
         time.sleep(120)
