@@ -72,30 +72,21 @@ for r = 0, count - 1 do
   runs[#runs + 1] = run
 end
 
--- The run hash's fields.
+-- The run hash's fields (the optional ones only when set).
 local function run_fields(run)
   local fields = {'q', queue, 'k', run.ck, 'p', run.payload, 's', run.score,
     't', C.now, 'a', 0, 'd', 0, 'st', 'queued'}
-  if run.tenant ~= '' then
-    fields[#fields + 1] = 'n'
-    fields[#fields + 1] = run.tenant
+  local function optional(name, value, set)
+    if set then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
+    end
   end
-  if run.ttl_deadline > 0 then
-    fields[#fields + 1] = 'x'
-    fields[#fields + 1] = run.ttl_deadline
-  end
-  if run.keep ~= '' then
-    fields[#fields + 1] = 'o'
-    fields[#fields + 1] = run.keep
-  end
-  if run.timeout > 0 then
-    fields[#fields + 1] = 'to'
-    fields[#fields + 1] = run.timeout
-  end
-  if run.trace ~= '' then
-    fields[#fields + 1] = 'tc'
-    fields[#fields + 1] = run.trace
-  end
+  optional('n', run.tenant, run.tenant ~= '')
+  optional('x', run.ttl_deadline, run.ttl_deadline > 0)
+  optional('o', run.keep, run.keep ~= '')
+  optional('to', run.timeout, run.timeout > 0)
+  optional('tc', run.trace, run.trace ~= '')
   return fields
 end
 
