@@ -357,12 +357,7 @@ class Task(Generic[P, R]):
         has ``status=REJECTED`` and ``error`` set; the others are queued.
         """
         normalised = [i if isinstance(i, TriggerItem) else TriggerItem(payload=i) for i in items]
-        requests = []
-        for item in normalised:
-            try:
-                requests.append(self._request(item))
-            except PayloadError as exc:
-                raise PayloadError(f"task {self.name!r}: {exc}") from None
+        requests = [self.request_for(item) for item in normalised]
         if not requests:
             return []
         if self.app.eager:

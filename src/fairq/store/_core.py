@@ -8,9 +8,10 @@ a broken connection becomes :class:`ConnectionLostError` naming the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -29,7 +30,7 @@ from fairq.keys import Environment, KeySchema
 from fairq.server import AnyRedis
 from fairq.store.cluster_routing import route_fcall_by_keys
 from fairq.store.context import ScriptContext
-from fairq.store.scripts import Order, ScriptRegistry, registry
+from fairq.store.scripts import Order, Script, ScriptRegistry, registry
 from fairq.store.status import Status, decode
 
 T = TypeVar("T")
@@ -161,9 +162,23 @@ class StoreCore:
         """Run one script (the build for ``order``) with its context and ``args``."""
         if not self._meta_checked:
             await self.check_meta()
-        script = self._scripts.get(operation, order)
-        argv = [*self._context.argv(script.context, now_ms), *args]
+        script, argv = self.script_argv(operation, order, args, now_ms)
         return await self.read(script(self.client, [tag], argv))
+
+    def script_argv(
+        self, operation: str, order: Order, args: list[Any], now_ms: int | None
+    ) -> tuple[Script, list[Any]]:
+        """The build of ``operation`` for ``order``, and its ARGV: the context, then ``args``."""
+        script = self._scripts.get(operation, order)
+        return script, [*self._context.argv(script.context, now_ms), *args]
+
+    def refused_as_fair(self, env: Environment, order: Order, reply: Any) -> bool:
+        """Whether an age-order build refused ``env`` because it uses the fair order (now
+        learned): the caller then runs the fair build."""
+        if order == "age" and status_of(reply) == Status.NEEDS_FAIR:
+            self.learn_fair(env)
+            return True
+        return False
 
     async def call_for_env(
         self,
@@ -177,22 +192,14 @@ class StoreCore:
         tag = self.keys.tag_of(env)
         order = self.order_for(env)
         reply = await self.call(operation, order, tag, args, now_ms)
-        if order == "age" and status_of(reply) == Status.NEEDS_FAIR:
-            self.learn_fair(env)
+        if self.refused_as_fair(env, order, reply):
             reply = await self.call(operation, "fair", tag, args, now_ms)
         return reply
 
     async def read(self, awaitable: Awaitable[T]) -> T:
         """Await a client call, translating a broken connection into ConnectionLostError."""
-        try:
+        with driver_errors(self.server):
             return await awaitable
-        except FairqError:
-            raise
-        except Exception as exc:
-            mapped = translated(exc, self.server)
-            if mapped is exc:
-                raise
-            raise mapped from exc
 
     def decode(self, operation: str, code: object) -> Status:
         return decode(operation, code)
@@ -233,6 +240,21 @@ class StoreCore:
 def _ms(clock: Any) -> int:
     """A ``TIME`` reply in ms."""
     return int(clock[0]) * 1000 + int(clock[1]) // 1000
+
+
+@contextlib.contextmanager
+def driver_errors(server: str) -> Iterator[None]:
+    """Raise a driver error from inside as fairq's (:func:`translated`); fairq's own
+    errors and anything else pass unchanged."""
+    try:
+        yield
+    except FairqError:
+        raise
+    except Exception as exc:
+        mapped = translated(exc, server)
+        if mapped is exc:
+            raise
+        raise mapped from exc
 
 
 def translated(exc: Exception, server: str) -> Exception:

@@ -18,13 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from fairq.errors import FairqError
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult
-from fairq.store._core import status_of, translated
+from fairq.store._core import driver_errors
 from fairq.store.enqueue import MAX_RUNS_PER_CALL, enqueue_args, enqueue_results
 from fairq.store.scripts import Order
-from fairq.store.status import Status
 
 if TYPE_CHECKING:
     from fairq.store import RunQueue
@@ -124,23 +122,14 @@ class BlockingEnqueuer:
         tag = rq.keys.tag_of(env)
         order = rq.order_for(env)
         reply = self._fcall(order, tag, args)
-        if order == "age" and status_of(reply) == Status.NEEDS_FAIR:
-            rq.learn_fair(env)
+        if rq.refused_as_fair(env, order, reply):
             reply = self._fcall("fair", tag, args)
         return reply
 
     def _fcall(self, order: Order, tag: str, args: list[str]) -> Any:
-        script = self._rq._scripts.get("enqueue", order)
-        argv = [*self._rq._context.argv(script.context, None), *args]
-        try:
+        script, argv = self._rq.script_argv("enqueue", order, args, None)
+        with driver_errors(self._rq.server):
             return script.call_blocking(self._client, [tag], argv)
-        except FairqError:
-            raise
-        except Exception as exc:
-            mapped = translated(exc, self._rq.server)
-            if mapped is exc:
-                raise
-            raise mapped from exc
 
     def close(self) -> None:
         self._client.close()

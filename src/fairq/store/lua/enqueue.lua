@@ -90,14 +90,16 @@ local function run_fields(run)
   return fields
 end
 
--- Create a run hash unless the run id is taken (returns false then), in one command
--- where the server has HSETEX (Valkey >= 9, Redis >= 8: FNX sets the fields only if
--- none of them exists, and every run hash holds 'q' and 'st'); else (no such command,
--- or the user may not run it) by EXISTS and HSET.
-local function create_hash(mkey, fields)
-  local done = redis.pcall('HSETEX', mkey, 'FNX', 'FIELDS', #fields / 2, unpack(fields))
-  if type(done) == 'number' then return done == 1 end
-  if redis.call('EXISTS', mkey) == 1 then return false end
+-- Create a run hash unless the run id is taken (returns false then). `free`: the caller
+-- checked already that it is not. Else one command where the server has HSETEX (Valkey
+-- >= 9, Redis >= 8: FNX sets the fields only if none of them exists, and every run hash
+-- holds 'q' and 'st'), or EXISTS then HSET (no such command, or the user may not run it).
+local function create_hash(mkey, fields, free)
+  if not free then
+    local done = redis.pcall('HSETEX', mkey, 'FNX', 'FIELDS', #fields / 2, unpack(fields))
+    if type(done) == 'number' then return done == 1 end
+    if redis.call('EXISTS', mkey) == 1 then return false end
+  end
   redis.call('HSET', mkey, unpack(fields))
   return true
 end
@@ -123,20 +125,16 @@ for _, run in ipairs(runs) do
   local status
   -- a run id already used (queued, running or dead-lettered) is a no-op: DUPLICATE, also
   -- when the queue is full (so with a size limit it is checked before the size)
-  if max_size > 0 then
-    if redis.call('EXISTS', mkey) == 1 then
-      status = S.DUPLICATE
-    else
-      if size == nil then
-        size = redis.call('ZCARD', queue_key(Q.B, 'queued')) + ck_queued(X, Q.B, V, env_id, queue)
-      end
-      if size + 1 > max_size then
-        status = S.REJECTED_SIZE
-      else
-        redis.call('HSET', mkey, unpack(run_fields(run)))
-      end
+  local checked = max_size > 0
+  if checked and redis.call('EXISTS', mkey) == 1 then
+    status = S.DUPLICATE
+  elseif checked then
+    if size == nil then
+      size = redis.call('ZCARD', queue_key(Q.B, 'queued')) + ck_queued(X, Q.B, V, env_id, queue)
     end
-  elseif not create_hash(mkey, run_fields(run)) then
+    if size + 1 > max_size then status = S.REJECTED_SIZE end
+  end
+  if status == nil and not create_hash(mkey, run_fields(run), checked) then
     status = S.DUPLICATE
   end
   if status == nil then
