@@ -680,11 +680,10 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   -- A pair's best active key (taken out of the pair's key heap: the caller puts it back
   -- while it stays active) and the next best (left in). The heap is built on first use;
   -- a key that turned inactive is dropped when it comes up.
-  local function key_less(a, b) return key_better(a, b) end
   local function best_key(p)
     local h = p.kheap
     if h == nil then
-      h = heap_new(key_less)
+      h = heap_new(key_better)
       for _, k in ipairs(p.keys) do
         if k.active then heap_push(h, k) end
       end
