@@ -37,6 +37,12 @@ async def command_counts(client: Any) -> dict[str, int]:
     return counts
 
 
+async def script_calls(client: Any) -> int:
+    """Script calls (FCALL and EVALSHA) since the last CONFIG RESETSTAT."""
+    counts = await command_counts(client)
+    return counts.get("fcall", 0) + counts.get("evalsha", 0)
+
+
 async def total_calls(client: Any) -> int:
     """Commands run since the last CONFIG RESETSTAT, summed over the nodes."""
     return sum((await command_counts(client)).values())

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.integration.commandstats import command_counts, reset_stats
+from tests.integration.commandstats import reset_stats, script_calls
 from tests.state import run_state
 
 from fairq.app import Fairq
@@ -32,10 +32,6 @@ def app(redis_url: str, prefix: str, env: Environment) -> Iterator[Fairq]:
     application = Fairq(env, url=redis_url, config=RunQueueConfig(prefix=prefix))
     yield application
     application.close()
-
-
-def _script_calls(counts: dict[str, int]) -> int:
-    return counts.get("fcall", 0) + counts.get("evalsha", 0)
 
 
 async def test_trigger_sync_enqueues_from_the_calling_thread(
@@ -90,7 +86,7 @@ async def test_threads_waiting_on_a_call_in_flight_share_one_script_call(
     assert sorted(results) == list(range(8))
     assert all(results[i].run_id == f"t{i}" for i in range(8))
     assert all(results[i].status is EnqueueStatus.ENQUEUED for i in range(8))
-    assert _script_calls(await command_counts(rq.client)) == 2
+    assert await script_calls(rq.client) == 2
     assert (await rq.queue_stats(env, "blk2")).queued == 9
 
 
