@@ -446,8 +446,9 @@ end
 -- pairs. `heads` maps a queue name to its ready keyless head (or nil).
 local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   local V = env.V
-  local by_id, plist = {}, {}
-  local ten = {}       -- tenant -> {tag, weight, pairs, touched}
+  local by_id, plist, copies = {}, {}, {} -- copies[i]: the B:tq copy plist[i] came with
+  local ten = {}       -- tenant -> {tag, weight, touched} (false while being read)
+  local touched_tenants = {} -- tenants served in this call, in the order first served
   local qdone = {}
   local served = 0
   local served_of = {} -- B|flow -> runs served this call
@@ -467,72 +468,82 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
     local p = of_queue[T]
     if p == nil then
-      p = {Q = Q, T = T, copy = copy, tie = math.huge, active = true}
+      -- every field a simple pair will use, so its table is sized once
+      p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
+        simple = false}
       of_queue[T] = p
-      plist[#plist + 1] = p
+      local i = #plist + 1
+      plist[i] = p
+      copies[i] = copy
     end
     return p
   end
 
-  -- A ready head the discovery found in flow `flow` of pair p.
+  -- A ready head the discovery found in flow `flow` of pair p (kept per flow only where
+  -- a pair can hold several flows: a queue with named tenants).
   local function note_head(p, flow, score)
-    local disc = p.disc
-    if disc == nil then
-      disc = {}
-      p.disc = disc
+    if p.Q.named then
+      local disc = p.disc
+      if disc == nil then
+        disc = {}
+        p.disc = disc
+      end
+      disc[flow] = score
     end
-    disc[flow] = score
     if score < p.tie then p.tie = score end
   end
 
   -- Give new pairs their tenant record: authoritative tag (V:tt, else the copy; never
   -- below the floor) and weight.
   local function attach_tenants(first)
-    local names, seen = {}, {}
+    local names, weighted = {}, false
     for i = first, #plist do
       local p = plist[i]
-      if ten[p.T] == nil and not seen[p.T] then
-        seen[p.T] = true
+      if ten[p.T] == nil then
+        ten[p.T] = false
         names[#names + 1] = p.T
       end
+      weighted = weighted or p.Q.weighted
     end
-    if #names > 0 then
+    local n = #names
+    if n > 0 then
       -- the floor comes with the tags when nothing read it yet
       local need_floor = X.tfloor == nil or X.tfloor[V] == nil
-      local asked = names
+      if need_floor then names[n + 1] = FLOOR_MEMBER end
+      local auth = call_list('ZMSCORE', env_key(V, 'tenant_tags'), names)
       if need_floor then
-        asked = {unpack(names)}
-        asked[#asked + 1] = FLOOR_MEMBER
+        floor_load(X, V, auth[n + 1])
+        names[n + 1] = nil
       end
-      local auth = call_list('ZMSCORE', env_key(V, 'tenant_tags'), asked)
-      if need_floor then floor_load(X, V, auth[#asked]) end
       local weights = tenant_weights(X, V, queues[1], names, {})
       for i, T in ipairs(names) do
-        ten[T] = {tag = tonumber(auth[i]), weight = weights[T]}
+        ten[T] = {tag = tonumber(auth[i]), weight = weights[T], touched = false}
       end
     end
     local floor = tenant_floor(X, V)
-    -- a key serving as its own tenant: its weight in the queue is the tenant's
-    local by_queue = {}
+    if weighted then
+      -- a key serving as its own tenant: its weight in the queue is the tenant's
+      local by_queue = {}
+      for i = first, #plist do
+        local p = plist[i]
+        local t = ten[p.T]
+        if t.weight == nil and p.Q.weighted and string.sub(p.T, 1, 1) ~= '/' then
+          local list = by_queue[p.Q.B] or {Q = p.Q, keys = {}}
+          by_queue[p.Q.B] = list
+          list.keys[#list.keys + 1] = p.T
+        end
+      end
+      for _, list in pairs(by_queue) do
+        local w = tenant_weights(X, V, list.Q, {}, list.keys)
+        for _, k in ipairs(list.keys) do
+          if ten[k].weight == nil then ten[k].weight = w[k] end
+        end
+      end
+    end
     for i = first, #plist do
       local p = plist[i]
       local t = ten[p.T]
-      if t.weight == nil and p.Q.weighted and string.sub(p.T, 1, 1) ~= '/' then
-        local list = by_queue[p.Q.B] or {Q = p.Q, keys = {}}
-        by_queue[p.Q.B] = list
-        list.keys[#list.keys + 1] = p.T
-      end
-    end
-    for _, list in pairs(by_queue) do
-      local w = tenant_weights(X, V, list.Q, {}, list.keys)
-      for _, k in ipairs(list.keys) do
-        if ten[k].weight == nil then ten[k].weight = w[k] end
-      end
-    end
-    for i = first, #plist do
-      local p = plist[i]
-      local t = ten[p.T]
-      if t.tag == nil then t.tag = p.copy end
+      if t.tag == nil then t.tag = copies[i] end
       if t.tag < floor then t.tag = floor end
       if t.weight == nil then t.weight = 1 end
       p.ten = t
@@ -566,31 +577,34 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         ck_index_flush(X)
         local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
           'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * budget))
-        local flows, found = {}, {}
+        local flows, found = {}, {} -- found[i]: the head of flows[i]
         for i = 1, #disc, 2 do
-          flows[#flows + 1] = disc[i]
-          found[disc[i]] = tonumber(disc[i + 1])
+          local j = #flows + 1
+          flows[j] = disc[i]
+          found[j] = tonumber(disc[i + 1])
         end
         if heads[Q.name] ~= nil then
-          flows[#flows + 1] = KEYLESS_FLOW
-          found[KEYLESS_FLOW] = heads[Q.name]
+          local j = #flows + 1
+          flows[j] = KEYLESS_FLOW
+          found[j] = heads[Q.name]
         end
         local named = flow_tenants(X, Q, flows)
-        local unknown, unknown_flows = {}, {}
-        for _, flow in ipairs(flows) do
+        local unknown, unknown_at = {}, {}
+        for i, flow in ipairs(flows) do
           local T = named[flow] or default_tenant(Q.name, flow)
           local p = pair_at(Q, T)
           if p == nil then
             unknown[#unknown + 1] = T
-            unknown_flows[#unknown_flows + 1] = flow
+            unknown_at[#unknown_at + 1] = i
           else
-            note_head(p, flow, found[flow])
+            note_head(p, flow, found[i])
           end
         end
         if #unknown > 0 then
           local scores = call_list('ZMSCORE', queue_key(Q.B, 'ready_tenants'), unknown)
           for i, T in ipairs(unknown) do
-            local flow = unknown_flows[i]
+            local at = unknown_at[i]
+            local flow = flows[at]
             local score = tonumber(scores[i])
             if score == nil and not is_parked(X, Q, 'k:' .. flow)
                 and not is_parked(X, Q, 't:' .. T) then
@@ -600,7 +614,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             end
             if score ~= nil then
               local p = pair_of(Q, T, score)
-              note_head(p, flow, found[flow])
+              note_head(p, flow, found[at])
             end
           end
         end
@@ -719,8 +733,10 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     local start = p.ten.tag
     tenant_floor_raise(X, V, start + (got - 1) * step)
     p.ten.tag = start + got * step
-    p.ten.touched = true
-    p.touched = true
+    if not p.ten.touched then
+      p.ten.touched = true
+      touched_tenants[#touched_tenants + 1] = p.T
+    end
     if kc ~= nil then
       local kstep = p.Q.quantum / kc.weight
       local klast = kc.tag + (got - 1) * kstep
@@ -817,10 +833,12 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         p.active = false
       else
         local named = p.T ~= default_tenant(Q.name, flow)
-        local per_key = Q.max_per_key or budget
-        local sid = Q.B .. '|' .. flow
-        local take, buckets, why, next_at = flow_allowance(X, Q, flow, p.T, named,
-          math.min(budget - served, per_key - (served_of[sid] or 0)), R, false)
+        -- runs of this flow served in this call count against max_per_key (when set)
+        local sid = Q.max_per_key and (Q.B .. '|' .. flow)
+        local room = budget - served
+        if sid then room = math.min(room, Q.max_per_key - (served_of[sid] or 0)) end
+        local take, buckets, why, next_at = flow_allowance(X, Q, flow, p.T, named, room, R,
+          false)
         if take <= 0 then
           if why == 'total' or why == 'rate:queue' then
             qdone[Q.B] = true
@@ -869,7 +887,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
           took(X, Q, flow, buckets, got)
           if got > 0 then
             served = served + got
-            served_of[sid] = (served_of[sid] or 0) + got
+            if sid then served_of[sid] = (served_of[sid] or 0) + got end
             advance(p, kc, got)
             -- its new head competes from now on
             if kc ~= nil then
@@ -951,11 +969,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   local tick = floor_ticked(X, V)
   local tt = env_key(V, 'tenant_tags')
   local tt_args, by_queue = {}, {}
-  for T, t in pairs(ten) do
-    if t.touched then
-      tt_args[#tt_args + 1] = t.tag
-      tt_args[#tt_args + 1] = T
-    end
+  for _, T in ipairs(touched_tenants) do
+    tt_args[#tt_args + 1] = ten[T].tag
+    tt_args[#tt_args + 1] = T
   end
   if #tt_args > 0 or f.value > f.start or not f.stored then
     tt_args[#tt_args + 1] = f.value
