@@ -13,9 +13,9 @@ import contextvars
 import functools
 import inspect
 import json
+import os
 import time
 import traceback
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -87,7 +87,7 @@ def to_ms(name: str, value: Duration | None) -> int | None:
 
 def new_run_id() -> str:
     """A fresh, unique run id."""
-    return "run_" + uuid.uuid4().hex
+    return "run_" + os.urandom(16).hex()
 
 
 def tenant_of(rule: TenantFrom | None, payload: Any, concurrency_key: str | None) -> str | None:

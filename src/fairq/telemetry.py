@@ -101,13 +101,20 @@ def _attributes(
     return attrs
 
 
-@contextlib.contextmanager
-def trigger_span(requests: Sequence[EnqueueRequest]) -> Iterator[Any]:
+def trigger_span(requests: Sequence[EnqueueRequest]) -> contextlib.AbstractContextManager[Any]:
     """The producer span of one trigger (or one batch): current while the runs are
-    enqueued. Yields the span (None without OpenTelemetry)."""
+    enqueued. Gives the span (None when nothing traces)."""
     if not requests or not _tracing():
-        yield None
-        return
+        return _NO_SPAN
+    return _producer_span(requests)
+
+
+#: What :func:`trigger_span` gives when nothing traces (reusable: it holds no state).
+_NO_SPAN: Final = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _producer_span(requests: Sequence[EnqueueRequest]) -> Iterator[Any]:
     first = requests[0]
     attrs = _attributes(
         first.env.id, first.queue, first.run_id, first.concurrency_key, first.tenant

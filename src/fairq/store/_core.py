@@ -197,9 +197,17 @@ class StoreCore:
         return reply
 
     async def read(self, awaitable: Awaitable[T]) -> T:
-        """Await a client call, translating a broken connection into ConnectionLostError."""
-        with driver_errors(self.server):
+        """Await a client call, translating a broken connection into ConnectionLostError
+        (as :func:`driver_errors`, without a context manager on the hot path)."""
+        try:
             return await awaitable
+        except FairqError:
+            raise
+        except Exception as exc:
+            mapped = translated(exc, self.server)
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
     def decode(self, operation: str, code: object) -> Status:
         return decode(operation, code)

@@ -74,7 +74,13 @@ def batch(name: str, items: object) -> None:
         raise InvalidLimitError(name, len(items), f"at most {MAX_BATCH} per call")  # type: ignore[arg-type]
 
 
+#: Types a payload's values can have that hold nothing further.
+_FLAT: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def _depth(value: Any, limit: int) -> None:
+    if type(value) is dict and all(type(v) in _FLAT for v in value.values()):
+        return  # the common payload, one level deep: nothing to walk
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
