@@ -1,9 +1,12 @@
 """CK-queue throughput: dequeue + ack runs/s and server commands per run, age order vs
 fair order, with 1 and 10 busy concurrency keys, at max_per_key_per_call 1 and 10; with
-``--tenants``, at 10 / 1,000 / 10,000 keys owned by 1 or 100 named tenants (each case
-run age then fair, back to back, and reported as a ratio).
+``--tenants``, at 10 / 1,000 / 10,000 keys, each its own tenant or owned by 1 or 100 named
+tenants: each case runs age then fair, back to back, ``--reps`` times, and reports the
+median fair / age ratio of the pairs with its range (pairing keeps the ratio meaningful
+when the machine's speed drifts).
 
-    python bench/ck_throughput.py [--runs 3000] [--max-count 10] [--tenants] [--url redis://...]
+    python bench/ck_throughput.py [--runs 3000] [--max-count 10] [--tenants [--reps 5]]
+                                  [--url redis://...]
 
 Prints one JSON document: a row per (busy keys, max_per_key_per_call, order). Commands
 per run come from INFO commandstats through ``RunQueue.command_stats`` (Lua's
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import time
 from typing import Any
 
@@ -86,42 +90,56 @@ async def measure(
     }
 
 
-async def tenant_matrix(url: str, runs: int, max_count: int) -> dict[str, Any]:
-    """Age vs fair at 10 / 1,000 / 10,000 keys owned by 1 or 100 tenants (store defaults
-    for max_per_key_per_call: 1 in the age order, the whole call in the fair order)."""
+async def tenant_matrix(url: str, runs: int, max_count: int, reps: int) -> dict[str, Any]:
+    """Age vs fair at 10 / 1,000 / 10,000 keys, each its own tenant (0) or owned by 1 or
+    100 named tenants (store defaults for max_per_key_per_call: 1 in the age order, the
+    whole call in the fair order); ``reps`` age-then-fair pairs per case."""
     rows = []
     n = 0
     for keys in (10, 1000, 10_000):
-        for tenants in (1, 100):
-            pair = {}
-            for fair in (False, True):
-                n += 1
-                pair[fair] = await measure(
-                    url, f"tm{n}x{random.randrange(10**6)}", keys=keys, max_per_key=None,
-                    fair=fair, runs=max(runs, keys), max_count=max_count, tenants=tenants,
-                )  # fmt: skip
+        for tenants in (0, 1, 100):
+            pairs: list[dict[bool, dict[str, Any]]] = []
+            for _ in range(reps):
+                pair = {}
+                for fair in (False, True):
+                    n += 1
+                    pair[fair] = await measure(
+                        url, f"tm{n}x{random.randrange(10**6)}", keys=keys, max_per_key=None,
+                        fair=fair, runs=max(runs, keys), max_count=max_count, tenants=tenants,
+                    )  # fmt: skip
+                pairs.append(pair)
+            ratios = sorted(p[True]["runs_per_second"] / p[False]["runs_per_second"] for p in pairs)
             rows.append(
                 {
                     "busy_keys": keys,
-                    "tenants": tenants,
-                    "age": pair[False],
-                    "fair": pair[True],
-                    "fair_over_age_runs_per_second": round(
-                        pair[True]["runs_per_second"] / pair[False]["runs_per_second"], 2
+                    "tenants": tenants or "each key its own",
+                    "age_runs_per_second": statistics.median(
+                        p[False]["runs_per_second"] for p in pairs
                     ),
+                    "fair_runs_per_second": statistics.median(
+                        p[True]["runs_per_second"] for p in pairs
+                    ),
+                    "fair_over_age_runs_per_second": round(statistics.median(ratios), 2),
+                    "fair_over_age_range": [round(ratios[0], 2), round(ratios[-1], 2)],
+                    "commands_per_run": {
+                        "age": pairs[0][False]["commands_per_run"],
+                        "fair": pairs[0][True]["commands_per_run"],
+                    },
                 }
             )
-    return {"max_count": max_count, "rows": rows}
+    return {"max_count": max_count, "reps": reps, "rows": rows}
 
 
-async def main_async(url: str, runs: int, max_count: int, tenants: bool) -> dict[str, Any]:
+async def main_async(
+    url: str, runs: int, max_count: int, tenants: bool, reps: int = 1
+) -> dict[str, Any]:
     rows = []
     n = 0
     for fair in (False, True):  # warm-up (script load, server caches); discarded
         await measure(url, f"warm{int(fair)}x{random.randrange(10**6)}", keys=10, max_per_key=1,
                       fair=fair, runs=500, max_count=max_count)  # fmt: skip
     if tenants:
-        return await tenant_matrix(url, runs, max_count)
+        return await tenant_matrix(url, runs, max_count, reps)
     for keys in (1, 10):
         for max_per_key in (1, 10):
             for fair in (False, True):
@@ -138,12 +156,14 @@ def main() -> None:
     parser.add_argument("--max-count", type=int, default=10)
     parser.add_argument("--url")
     parser.add_argument("--tenants", action="store_true", help="the keys x tenants matrix")
+    parser.add_argument("--reps", type=int, default=5, help="age/fair pairs per matrix case")
     args = parser.parse_args()
+    run = (args.runs, args.max_count, args.tenants, args.reps)
     if args.url:
-        result = asyncio.run(main_async(args.url, args.runs, args.max_count, args.tenants))
+        result = asyncio.run(main_async(args.url, *run))
     else:
         with EmbeddedServer() as server:
-            result = asyncio.run(main_async(server.url, args.runs, args.max_count, args.tenants))
+            result = asyncio.run(main_async(server.url, *run))
     print(json.dumps(result, indent=2))
 
 

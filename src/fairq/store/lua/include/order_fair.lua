@@ -68,6 +68,8 @@ local TICK = 8
 --- How many entries of a tenant's key set a dequeue reads at least (a set this small is
 --- read whole: the call then knows when the tenant's last key leaves).
 local KEYS_LOADED = 64
+--- A key set this small is scanned for its best key (no heap).
+local KEYS_SCANNED = 16
 --- At most this many gather-and-serve rounds per call (each round after the first needs
 --- the previous one to have parked something).
 local MAX_ROUNDS = 16
@@ -700,10 +702,25 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     if #p.keys == 0 and pair_emptied(p) then drop_pair(p) end
   end
 
-  -- A pair's best active key (taken out of the pair's key heap: the caller puts it back
-  -- while it stays active) and the next best (left in). The heap is built on first use;
-  -- a key that turned inactive is dropped when it comes up.
+  -- A pair's best active key and the next best. A key set of at most KEYS_SCANNED keys is
+  -- scanned (no heap to build: most pairs serve once or twice per call); a bigger one
+  -- has a heap, built on first use, from which the best key is taken out (the serve
+  -- loop puts it back while it stays active). A key that turned inactive is dropped from
+  -- the heap when it comes up.
   local function best_key(p)
+    if #p.keys <= KEYS_SCANNED then
+      local best, second
+      for _, k in ipairs(p.keys) do
+        if k.active then
+          if key_better(k, best) then
+            best, second = k, best
+          elseif key_better(k, second) then
+            second = k
+          end
+        end
+      end
+      return best, second
+    end
     local h = p.kheap
     if h == nil then
       h = heap_new(key_better)
@@ -718,10 +735,18 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     return best, h[1]
   end
 
-  -- The least `tie` (longest-waiting known head) of a pair's active keys, from a heap of
-  -- {key, tie} snapshots (one is stale once its key turned inactive or moved its tie).
+  -- The least `tie` (longest-waiting known head) of a pair's active keys: scanned in a
+  -- small key set, else from a heap of {key, tie} snapshots (one is stale once its key
+  -- turned inactive or moved its tie).
   local function tie_less(a, b) return a.tie < b.tie end
   local function keys_tie(p, moved)
+    if #p.keys <= KEYS_SCANNED then
+      local least = math.huge
+      for _, k in ipairs(p.keys) do
+        if k.active and k.tie < least then least = k.tie end
+      end
+      return least
+    end
     local h = p.tieheap
     if h == nil then
       h = heap_new(tie_less)
@@ -934,7 +959,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         end
       end
       -- the key taken from the pair's key heap goes back while it is still active
-      if kc ~= nil and kc.active then heap_push(p.kheap, kc) end
+      if kc ~= nil and kc.active and p.kheap then heap_push(p.kheap, kc) end
       -- still in play (another of its keys, or its next runs): back in with its new tag
       if live(p) then heap_push(heap, keyed(p)) end
     end
