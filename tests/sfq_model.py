@@ -51,7 +51,7 @@ CAP_RECHECK_MS = 30_000
 #: The member of V:tt (and of a key set) that holds its floor.
 FLOOR_MEMBER = "~floor"
 #: Entries of a key set a dequeue reads at least (a smaller set is read whole).
-KEYS_LOADED = 64
+KEYS_LOADED = 16
 
 
 def default_tenant(queue: str, flow: str) -> str:

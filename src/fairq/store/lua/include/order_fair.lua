@@ -67,7 +67,7 @@ local FLOOR_MEMBER = '~floor'
 local TICK = 8
 --- How many entries of a tenant's key set a dequeue reads at least (a set this small is
 --- read whole: the call then knows when the tenant's last key leaves).
-local KEYS_LOADED = 64
+local KEYS_LOADED = 16
 --- A key set this small is scanned for its best key (no heap).
 local KEYS_SCANNED = 16
 --- At most this many gather-and-serve rounds per call (each round after the first needs
