@@ -5,7 +5,8 @@ tenants: each case runs age then fair, back to back, ``--reps`` times, and repor
 median fair / age ratio of the pairs with its range (pairing keeps the ratio meaningful
 when the machine's speed drifts).
 
-    python bench/ck_throughput.py [--runs 3000] [--max-count 10] [--tenants [--reps 5]]
+    python bench/ck_throughput.py [--runs 3000] [--max-count 10]
+                                  [--tenants [--reps 5] [--keys 10,1000,10000]]
                                   [--url redis://...]
 
 Prints one JSON document: a row per (busy keys, max_per_key_per_call, order). Commands
@@ -90,13 +91,15 @@ async def measure(
     }
 
 
-async def tenant_matrix(url: str, runs: int, max_count: int, reps: int) -> dict[str, Any]:
+async def tenant_matrix(
+    url: str, runs: int, max_count: int, reps: int, key_counts: tuple[int, ...] = (10, 1000, 10_000)
+) -> dict[str, Any]:
     """Age vs fair at 10 / 1,000 / 10,000 keys, each its own tenant (0) or owned by 1 or
     100 named tenants (store defaults for max_per_key_per_call: 1 in the age order, the
     whole call in the fair order); ``reps`` age-then-fair pairs per case."""
     rows = []
     n = 0
-    for keys in (10, 1000, 10_000):
+    for keys in key_counts:
         for tenants in (0, 1, 100):
             pairs: list[dict[bool, dict[str, Any]]] = []
             for _ in range(reps):
@@ -121,6 +124,7 @@ async def tenant_matrix(url: str, runs: int, max_count: int, reps: int) -> dict[
                     ),
                     "fair_over_age_runs_per_second": round(statistics.median(ratios), 2),
                     "fair_over_age_range": [round(ratios[0], 2), round(ratios[-1], 2)],
+                    "fair_over_age_pairs": [round(r, 3) for r in ratios],
                     "commands_per_run": {
                         "age": pairs[0][False]["commands_per_run"],
                         "fair": pairs[0][True]["commands_per_run"],
@@ -131,7 +135,12 @@ async def tenant_matrix(url: str, runs: int, max_count: int, reps: int) -> dict[
 
 
 async def main_async(
-    url: str, runs: int, max_count: int, tenants: bool, reps: int = 1
+    url: str,
+    runs: int,
+    max_count: int,
+    tenants: bool,
+    reps: int = 1,
+    key_counts: tuple[int, ...] = (10, 1000, 10_000),
 ) -> dict[str, Any]:
     rows = []
     n = 0
@@ -139,7 +148,7 @@ async def main_async(
         await measure(url, f"warm{int(fair)}x{random.randrange(10**6)}", keys=10, max_per_key=1,
                       fair=fair, runs=500, max_count=max_count)  # fmt: skip
     if tenants:
-        return await tenant_matrix(url, runs, max_count, reps)
+        return await tenant_matrix(url, runs, max_count, reps, key_counts)
     for keys in (1, 10):
         for max_per_key in (1, 10):
             for fair in (False, True):
@@ -157,8 +166,12 @@ def main() -> None:
     parser.add_argument("--url")
     parser.add_argument("--tenants", action="store_true", help="the keys x tenants matrix")
     parser.add_argument("--reps", type=int, default=5, help="age/fair pairs per matrix case")
+    parser.add_argument(
+        "--keys", default="10,1000,10000", help="the matrix's busy-key counts (comma-separated)"
+    )
     args = parser.parse_args()
-    run = (args.runs, args.max_count, args.tenants, args.reps)
+    key_counts = tuple(int(k) for k in args.keys.split(","))
+    run = (args.runs, args.max_count, args.tenants, args.reps, key_counts)
     if args.url:
         result = asyncio.run(main_async(args.url, *run))
     else:
