@@ -12,7 +12,7 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ClusterError, ReadOnlyError, RedisError, ResponseError, TryAgainError
@@ -204,10 +204,7 @@ class StoreCore:
         except FairqError:
             raise
         except Exception as exc:
-            mapped = translated(exc, self.server)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+            raise_translated(exc, self.server)
 
     def decode(self, operation: str, code: object) -> Status:
         return decode(operation, code)
@@ -259,10 +256,15 @@ def driver_errors(server: str) -> Iterator[None]:
     except FairqError:
         raise
     except Exception as exc:
-        mapped = translated(exc, server)
-        if mapped is exc:
-            raise
-        raise mapped from exc
+        raise_translated(exc, server)
+
+
+def raise_translated(exc: Exception, server: str) -> NoReturn:
+    """Raise ``exc`` as fairq's error (:func:`translated`), or unchanged when it has none."""
+    mapped = translated(exc, server)
+    if mapped is exc:
+        raise exc
+    raise mapped from exc
 
 
 def translated(exc: Exception, server: str) -> Exception:
