@@ -8,10 +8,9 @@ a broken connection becomes :class:`ConnectionLostError` naming the server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, NoReturn, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -197,12 +196,9 @@ class StoreCore:
         return reply
 
     async def read(self, awaitable: Awaitable[T]) -> T:
-        """Await a client call, translating a broken connection into ConnectionLostError
-        (as :func:`driver_errors`, without a context manager on the hot path)."""
+        """Await a client call, translating a broken connection into ConnectionLostError."""
         try:
             return await awaitable
-        except FairqError:
-            raise
         except Exception as exc:
             raise_translated(exc, self.server)
 
@@ -247,20 +243,11 @@ def _ms(clock: Any) -> int:
     return int(clock[0]) * 1000 + int(clock[1]) // 1000
 
 
-@contextlib.contextmanager
-def driver_errors(server: str) -> Iterator[None]:
-    """Raise a driver error from inside as fairq's (:func:`translated`); fairq's own
-    errors and anything else pass unchanged."""
-    try:
-        yield
-    except FairqError:
-        raise
-    except Exception as exc:
-        raise_translated(exc, server)
-
-
 def raise_translated(exc: Exception, server: str) -> NoReturn:
-    """Raise ``exc`` as fairq's error (:func:`translated`), or unchanged when it has none."""
+    """Raise an error a client call raised: a driver error as fairq's (:func:`translated`);
+    fairq's own errors (some of which are ConnectionErrors) and anything else unchanged."""
+    if isinstance(exc, FairqError):
+        raise exc
     mapped = translated(exc, server)
     if mapped is exc:
         raise exc

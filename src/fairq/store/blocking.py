@@ -20,7 +20,7 @@ import redis
 
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult
-from fairq.store._core import driver_errors
+from fairq.store._core import raise_translated
 from fairq.store.enqueue import MAX_RUNS_PER_CALL, enqueue_args, enqueue_results
 from fairq.store.scripts import Order
 
@@ -128,8 +128,10 @@ class BlockingEnqueuer:
 
     def _fcall(self, order: Order, tag: str, args: list[str]) -> Any:
         script, argv = self._rq.script_argv("enqueue", order, args, None)
-        with driver_errors(self._rq.server):
+        try:
             return script.call_blocking(self._client, [tag], argv)
+        except Exception as exc:
+            raise_translated(exc, self._rq.server)
 
     def close(self) -> None:
         self._client.close()
