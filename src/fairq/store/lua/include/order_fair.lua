@@ -54,8 +54,9 @@ end
 local function has_park(X, Q)
   if Q.order ~= nil then
     if not Q.parked then return false end
-  elseif X.qparked and X.qparked[Q.B] == false then
-    return false
+  else
+    local read = X.qcharge and X.qcharge[Q.B] -- the flag, if charges_duration read it
+    if read and not read.parked then return false end
   end
   return cached_exists(X, 'hpark', queue_key(Q.B, 'parked_due'))
 end
@@ -253,7 +254,6 @@ local function park(X, Q, member, tag, due)
   redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
   X.hpark = X.hpark or {}
   X.hpark[queue_key(Q.B, 'parked_due')] = true
-  if X.qparked then X.qparked[Q.B] = true end
   if not Q.parked then
     redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'parked'), 1)
     Q.parked = true
@@ -391,22 +391,21 @@ end
 
 -- Whether Q (a queue context read from a run) charges by run time in the fair order:
 -- four config fields, read once per queue per call (not the queue's whole config). The
--- queue's `parked` flag comes with them, so a later has_park needs no probe.
+-- queue's `parked` flag comes with them, so a later has_park needs no probe (the scripts
+-- that read it here, ack and nack, never park).
 local function charges_duration(X, Q)
   if Q.order ~= nil then return Q.order == 'fair' and Q.charge == 'duration' end
   X.qcharge = X.qcharge or {}
-  local known = X.qcharge[Q.B]
-  if known == nil then
+  local read = X.qcharge[Q.B]
+  if read == nil then
     local raw = redis.call('HMGET', env_key(Q.V, 'config'), config_field(Q.name, 'order'),
       config_field(Q.name, 'charge'), 'order', 'charge', config_field(Q.name, 'parked'))
     local order = raw[1] or raw[3] or X.C.default_order
     local charge = raw[2] or raw[4] or X.C.default_charge
-    known = order == 'fair' and charge == 'duration'
-    X.qcharge[Q.B] = known
-    X.qparked = X.qparked or {}
-    X.qparked[Q.B] = raw[5] ~= false
+    read = {duration = order == 'fair' and charge == 'duration', parked = raw[5] ~= false}
+    X.qcharge[Q.B] = read
   end
-  return known
+  return read.duration
 end
 
 -- Charging by run time: the dequeue charged one quantum; correct by what the run took.
