@@ -33,6 +33,8 @@ from fairq.store import RunQueue
 
 QUEUE = "bench"
 T0 = 1_000_000
+#: The busy-key counts of the --tenants matrix (by default).
+MATRIX_KEYS = (10, 1000, 10_000)
 
 
 async def _commands(rq: RunQueue) -> int:
@@ -92,7 +94,7 @@ async def measure(
 
 
 async def tenant_matrix(
-    url: str, runs: int, max_count: int, reps: int, key_counts: tuple[int, ...] = (10, 1000, 10_000)
+    url: str, runs: int, max_count: int, reps: int, key_counts: tuple[int, ...] = MATRIX_KEYS
 ) -> dict[str, Any]:
     """Age vs fair at 10 / 1,000 / 10,000 keys, each its own tenant (0) or owned by 1 or
     100 named tenants (store defaults for max_per_key_per_call: 1 in the age order, the
@@ -142,7 +144,7 @@ async def main_async(
     max_count: int,
     tenants: bool,
     reps: int = 1,
-    key_counts: tuple[int, ...] = (10, 1000, 10_000),
+    key_counts: tuple[int, ...] = MATRIX_KEYS,
 ) -> dict[str, Any]:
     rows = []
     n = 0
@@ -169,7 +171,9 @@ def main() -> None:
     parser.add_argument("--tenants", action="store_true", help="the keys x tenants matrix")
     parser.add_argument("--reps", type=int, default=5, help="age/fair pairs per matrix case")
     parser.add_argument(
-        "--keys", default="10,1000,10000", help="the matrix's busy-key counts (comma-separated)"
+        "--keys",
+        default=",".join(map(str, MATRIX_KEYS)),
+        help="the matrix's busy-key counts (comma-separated)",
     )
     args = parser.parse_args()
     key_counts = tuple(int(k) for k in args.keys.split(","))
