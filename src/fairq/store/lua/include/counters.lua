@@ -139,7 +139,7 @@ local function tenant_running_add(X, B, V, env_id, queue, tenant, delta)
 end
 
 local function counters_flush(X)
-  for key, delta in pairs(X.cdelta) do
+  for key, delta in pairs(state_peek(X, 'cdelta')) do
     if delta ~= 0 then
       local v = redis.call('INCRBY', key, delta)
       if v < 0 or (delta > 0 and v <= delta) then
@@ -152,7 +152,7 @@ local function counters_flush(X)
       end
     end
   end
-  for key, deltas in pairs(X.trdelta) do
+  for key, deltas in pairs(state_peek(X, 'trdelta')) do
     local missing = redis.call('EXISTS', key) == 0
     if missing then
       local s = X.trseed[key]

@@ -60,7 +60,9 @@ end
 
 -- Apply the pending head moves (before anything reads a ck_index again).
 local function ck_index_flush(X)
-  for B, pend in pairs(X.ckidx) do
+  local pending = rawget(X, 'ckidx')
+  if pending == nil then return end
+  for B, pend in pairs(pending) do
     local add, rem = {}, {}
     for _, ck in ipairs(pend.order) do
       local score = pend.score[ck]
@@ -74,7 +76,7 @@ local function ck_index_flush(X)
     if #add > 0 then call_chunked('ZADD', queue_key(B, 'ck_index'), add) end
     if #rem > 0 then call_chunked('ZREM', queue_key(B, 'ck_index'), rem) end
   end
-  X.ckidx = {}
+  X.ckidx = nil
 end
 
 local function heads_rebalance(X, B, env_id, queue, kind)
@@ -121,7 +123,7 @@ local function place_queued(X, Q, ck, run, score, tenant)
   end
   local added = redis.call('ZADD', variant_key(Q.B, ck, 'queued'), score, run)
   if added == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, 1) end
-  if X.ckidx[Q.B] then ck_index_flush(X) end
+  if state_peek(X, 'ckidx')[Q.B] then ck_index_flush(X) end
   local index = queue_key(Q.B, 'ck_index')
   local head = tonumber(redis.call('ZSCORE', index, ck))
   if head == nil or score < head then
@@ -202,7 +204,9 @@ local function free_slots_later(X, Q, ck, run, ta)
 end
 
 local function slots_flush(X)
-  for _, g in ipairs(X.free_groups) do
+  local groups = rawget(X, 'free_groups')
+  if groups == nil then return end
+  for _, g in ipairs(groups) do
     local Q, ck = g.Q, g.ck
     local removed
     if ck == '' then
@@ -219,7 +223,7 @@ local function slots_flush(X)
       HOOK.slot_freed(X, Q, flow_of(ck), g.ta)
     end
   end
-  X.free_groups, X.free_by = {}, {}
+  X.free_groups, X.free_by = nil, nil
 end
 
 -- A queue context for a run read from its hash (scripts that start from a run).
@@ -276,31 +280,35 @@ end
 local function state_flush(X)
   ck_index_flush(X)
   slots_flush(X)
-  for V, runs in pairs(X.env_take) do call_chunked('SADD', env_key(V, 'inflight'), runs) end
+  for V, runs in pairs(state_peek(X, 'env_take')) do
+    call_chunked('SADD', env_key(V, 'inflight'), runs)
+  end
   -- a consumer found ready work behind a limit (a gated flag): freed slots may let it
   -- go. The flags go in one DEL with the keys known to exist (X.deletes): more deleted
   -- than those means a flag was set.
-  local dels, flags = X.deletes, 0
-  for V, runs in pairs(X.env_free) do
+  local dels, flags = rawget(X, 'deletes') or {}, 0
+  for V, runs in pairs(state_peek(X, 'env_free')) do
     call_chunked('SREM', env_key(V, 'inflight'), runs)
     dels[#dels + 1] = env_key(V, 'gated')
     flags = flags + 1
   end
   if #dels > 0 and del_keys(dels) > #dels - flags then X.wake = true end
-  X.deletes = {}
-  if #X.lease_add > 0 then call_chunked('ZADD', X.leases, X.lease_add) end
-  if #X.lease_del > 0 then call_chunked('ZREM', X.leases, X.lease_del) end
-  if #X.ttl_del > 0 then call_chunked('ZREM', X.ttl, X.ttl_del) end
+  X.deletes = nil
+  local lease_add, lease_del = state_peek(X, 'lease_add'), state_peek(X, 'lease_del')
+  if #lease_add > 0 then call_chunked('ZADD', X.leases, lease_add) end
+  if #lease_del > 0 then call_chunked('ZREM', X.leases, lease_del) end
+  local ttl_del = state_peek(X, 'ttl_del')
+  if #ttl_del > 0 then call_chunked('ZREM', X.ttl, ttl_del) end
   counters_flush(X)
-  for _, t in pairs(X.touched) do heads_rebalance(X, t[1], t[2], t[3], t[4]) end
-  for B, entries in pairs(X.recent) do
+  for _, t in pairs(state_peek(X, 'touched')) do heads_rebalance(X, t[1], t[2], t[3], t[4]) end
+  for B, entries in pairs(state_peek(X, 'recent')) do
     local length = call_chunked('LPUSH', queue_key(B, 'recent'), entries)
     local keep = X.C.recent_runs
     if length > keep + math.max(16, math.floor(keep / 10)) then
       redis.call('LTRIM', queue_key(B, 'recent'), 0, keep - 1)
     end
   end
-  for _, h in pairs(X.history) do
+  for _, h in pairs(state_peek(X, 'history')) do
     local names = {}
     for field in pairs(h.fields) do names[#names + 1] = field end
     names[#names + 1] = 't:~'

@@ -21,8 +21,6 @@ local STATE_TABLES = {
   recent = true, history = true,
   -- queues whose heads-index member must be re-scored: B|kind -> {B, env_id, queue, kind}
   touched = true,
-  -- environments whose consumers must be woken: V -> true
-  wake_env = true,
 }
 local STATE_META = {
   __index = function(X, name)
@@ -34,7 +32,21 @@ local STATE_META = {
   end,
 }
 
+-- What state_peek hands out for a table not made yet: empty, and not to be written
+-- (state_new makes writing it an error: a library's load cannot set metatables).
+local STATE_NONE = {}
+local STATE_NONE_META = {
+  __newindex = function() error('a table from state_peek is read-only') end,
+}
+
+-- A per-call table for reading only: the one made, else an empty one. (Reading it as
+-- X.<name> would make it; a flush that visits every table would make them all.)
+local function state_peek(X, name)
+  return rawget(X, name) or STATE_NONE
+end
+
 local function state_new(C, tag)
+  if getmetatable(STATE_NONE) == nil then setmetatable(STATE_NONE, STATE_NONE_META) end
   return setmetatable({
     C = C,
     tag = tag,
