@@ -74,7 +74,7 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   park         HASH  ``t:N`` / ``k:K`` -> tag of a tenant or key taken out of the fair
                      order while gated (at a cap, rate-limited, or only future runs)
   parkdue      ZSET  the same members -> when a time-gated one may return (ms)
-  recent       LIST  the last finished runs (JSON), newest first, bounded
+  recent       LIST  the last finished runs (one line each), newest first, bounded
   ``h:<bucket>``  HASH  per-10-s history: runs served, waited, finished… (EXPIRE)
 Per variant (``B:ck:K:<name>``)
   queued       ZSET  the variant's runs: run id -> score (ms)

@@ -82,6 +82,28 @@ def _key_tag(stored: Any, parked: Any, floor: float | None) -> float | None:
     return floor if tag is None or tag < floor else tag
 
 
+def _recent_run(item: str) -> RecentRun:
+    """One entry of a queue's recent list: the line ack.lua writes (status, finished at,
+    attempts, run time or '', encoded key, encoded tenant, run id), or the JSON object
+    earlier fairq versions wrote (such entries age out of the bounded list)."""
+    if item.startswith("{"):
+        data = json.loads(item)
+        status, at, attempts = data["status"], data["at"], data.get("attempts") or 0
+        duration, key = data.get("duration_ms"), data.get("key") or ""
+        tenant, run = data.get("tenant") or "", str(data["run"])
+    else:
+        status, at, attempts, duration, key, tenant, run = item.split(" ", 6)
+    return RecentRun(
+        run_id=run,
+        status=RunStatus(status),
+        finished_at_ms=int(at),
+        attempts=int(attempts),
+        duration_ms=None if duration in ("", None) else int(duration),
+        concurrency_key=K.decode_concurrency_key(key) if key else None,
+        tenant=K.decode_tenant(tenant) if tenant else None,
+    )
+
+
 def _opt(raw: Any) -> str | None:
     return None if raw is None else text_of(raw)
 
@@ -469,23 +491,7 @@ class ReaderOps(StoreCore):
         validate.integer("limit", limit, 1, 100_000)
         q = self.keys.queue(env, queue)
         raw = await self.read(self.client.lrange(q.recent, 0, limit - 1))
-        out = []
-        for item in raw:
-            data = json.loads(item)
-            key, tenant = data.get("key") or "", data.get("tenant") or ""
-            duration = data.get("duration_ms")
-            out.append(
-                RecentRun(
-                    run_id=str(data["run"]),
-                    status=RunStatus(data["status"]),
-                    finished_at_ms=int(data["at"]),
-                    attempts=int(data.get("attempts") or 0),
-                    duration_ms=None if not isinstance(duration, int | float) else int(duration),
-                    concurrency_key=K.decode_concurrency_key(key) if key else None,
-                    tenant=K.decode_tenant(tenant) if tenant else None,
-                )
-            )
-        return out
+        return [_recent_run(text_of(item)) for item in raw]
 
     async def history(
         self, env: Environment, queue: str, *, window_ms: int, now_ms: int | None = None

@@ -27,44 +27,42 @@ Reply
 --@include order
 
 local FIELDS = 4
+local STATUS_WORDS = {'completed', 'failed', 'cancelled', 'timed_out'}
 local tag = KEYS[1]
 local count = arg_groups(ARGV, FIRST_ARG, FIELDS, 'run')
-local todo = {}
-for r = 0, count - 1 do
-  local i = FIRST_ARG + r * FIELDS
-  todo[#todo + 1] = {
-    member = arg_member(ARGV[i]),
-    token = arg_int(ARGV[i + 1], 'lease token', 0, 1e15),
-    outcome = ARGV[i + 2],
-    status = arg_word(ARGV[i + 3], 'status', {'completed', 'failed', 'cancelled', 'timed_out'}),
-  }
+-- check every run before the first write (the loop below reads the same arguments)
+for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
+  arg_member(ARGV[i])
+  arg_int(ARGV[i + 1], 'lease token', 0, 1e15)
+  arg_word(ARGV[i + 3], 'status', STATUS_WORDS)
 end
 
 local X = state_new(C, tag)
 local statuses, gone, acked = {}, {}, {}
-for _, t in ipairs(todo) do
-  local mkey = run_key(tag, t.member)
+for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
+  local member, outcome, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
+  local mkey = run_key(tag, member)
   local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ls', 'ta')
-  if not f[1] or acked[t.member] then -- (its hash is deleted at the end of this call)
+  if not f[1] or acked[member] then -- (its hash is deleted at the end of this call)
     statuses[#statuses + 1] = S.UNKNOWN_RUN
-  elseif f[3] ~= 'running' or tonumber(f[4]) ~= t.token then
+  elseif f[3] ~= 'running' or tonumber(f[4]) ~= tonumber(ARGV[i + 1]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
-    local env_id, run = split_member(t.member)
+    local env_id, run = split_member(member)
     local Q = run_queue(X, env_id, f[1])
     local ta = f[7] or ''
     free_slots_later(X, Q, f[2], run, ta)
-    X.lease_del[#X.lease_del + 1] = t.member
+    X.lease_del[#X.lease_del + 1] = member
     gone[#gone + 1] = mkey
-    if t.outcome ~= '' then write_outcome(X, t.member, t.outcome) end
+    if outcome ~= '' then write_outcome(X, member, outcome) end
     local started = tonumber(f[6])
-    recent_add(X, Q, run, t.status, tonumber(f[5]) or 0, started, f[2], ta)
-    history_add(X, Q, t.status, 1)
+    recent_add(X, Q, run, status, tonumber(f[5]) or 0, started, f[2], ta)
+    history_add(X, Q, status, 1)
     if started then
       history_add(X, Q, 'run_ms', X.now - started)
       HOOK.charge(X, Q, flow_of(f[2]), ta, X.now - started)
     end
-    acked[t.member] = true
+    acked[member] = true
     statuses[#statuses + 1] = S.ACKED
   end
 end

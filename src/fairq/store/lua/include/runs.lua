@@ -28,7 +28,9 @@ local function default_tenant(queue, flow)
 end
 
 local function touch(X, Q, kind)
-  X.touched[Q.B .. '|' .. kind] = {Q.B, Q.env_id, Q.name, kind}
+  local id = Q.B .. '|' .. kind
+  local touched = X.touched
+  if touched[id] == nil then touched[id] = {Q.B, Q.env_id, Q.name, kind} end
 end
 
 -- Put a heads-index member at `score` if it is new or older than its current head.
@@ -226,17 +228,31 @@ local function slots_flush(X)
   X.free_groups, X.free_by = nil, nil
 end
 
--- A queue context for a run read from its hash (scripts that start from a run).
+-- A queue context for a run read from its hash (scripts that start from a run): one
+-- per queue and call, shared by the call's runs of that queue.
 local function run_queue(X, env_id, queue)
-  local V = env_prefix(X.tag, env_id)
-  return {name = queue, env_id = env_id, V = V, B = queue_prefix(X.tag, env_id, queue)}
+  local of_env = X.runq[env_id]
+  if of_env == nil then
+    of_env = {}
+    X.runq[env_id] = of_env
+  end
+  local Q = of_env[queue]
+  if Q == nil then
+    Q = {name = queue, env_id = env_id, V = env_prefix(X.tag, env_id),
+      B = queue_prefix(X.tag, env_id, queue)}
+    of_env[queue] = Q
+  end
+  return Q
 end
 
 local function write_outcome(X, member, json)
   redis.call('SET', outcome_key(X.tag, member), json, 'EX', X.C.outcome_ttl)
 end
 
--- A finished run for the queue's recent list (newest first, bounded).
+-- A finished run for the queue's recent list (newest first, bounded), as one line of
+-- space-separated fields: status, finished at (ms), attempts, run time (ms; '' when it
+-- never started), encoded key, encoded tenant ('' = none; encoded names hold no
+-- spaces), and last the run id (fairq/store/readers.py reads it).
 local function recent_add(X, Q, run, status, attempts, started, ck, ta)
   if (X.C.recent_runs or 0) <= 0 then return end
   local list = X.recent[Q.B]
@@ -244,11 +260,8 @@ local function recent_add(X, Q, run, status, attempts, started, ck, ta)
     list = {}
     X.recent[Q.B] = list
   end
-  list[#list + 1] = cjson.encode({
-    run = run, status = status, at = X.now, attempts = attempts,
-    duration_ms = started and (X.now - started) or cjson.null,
-    key = ck, tenant = ta or '',
-  })
+  list[#list + 1] = status .. ' ' .. X.now .. ' ' .. attempts .. ' '
+    .. (started and (X.now - started) or '') .. ' ' .. ck .. ' ' .. (ta or '') .. ' ' .. run
 end
 
 -- Add to a counter of the queue's current history bucket.

@@ -11,6 +11,8 @@ local STATE_TABLES = {
   cval = true, cdelta = true, cseed = true,
   -- tenant running counts (counters.lua): per B, seeded flag, values, pending deltas
   trseen = true, trval = true, trdelta = true,
+  -- runs.lua: queue contexts of runs read from their hashes (run_queue): env -> queue -> Q
+  runq = true,
   -- runs.lua: slot and index changes applied once at the end (state_flush)
   env_take = true, env_free = true, lease_add = true, lease_del = true, ttl_del = true,
   free_groups = true, free_by = true,
