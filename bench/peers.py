@@ -572,12 +572,14 @@ def command_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
 
 async def awaited_pings(count: int) -> dict[str, float]:
     """PINGs per second of one sequential caller on a fresh server: redis-py's asyncio
-    client (fairq's and SAQ's) and its blocking client (Dramatiq's). No enqueue path
-    that awaits one reply per job can be faster than these."""
+    client (SAQ's), its blocking client (Dramatiq's), and the lean connection fairq's
+    script calls use (``fairq.store.wire``). No enqueue path that awaits one reply per
+    job on that client can be faster than its rate."""
     import redis
     import redis.asyncio as aioredis
 
     from fairq.server import EmbeddedServer
+    from fairq.store.wire import script_wire
 
     with EmbeddedServer() as server:
         client = aioredis.Redis.from_url(server.url)
@@ -586,6 +588,14 @@ async def awaited_pings(count: int) -> dict[str, float]:
         for _ in range(count):
             await client.ping()
         asynchronous = count / (time.perf_counter() - start)
+        wire = script_wire(client)
+        assert wire is not None
+        await wire.execute_command("PING")
+        start = time.perf_counter()
+        for _ in range(count):
+            await wire.execute_command("PING")
+        lean = count / (time.perf_counter() - start)
+        await wire.aclose()
         await client.aclose()
         blocking_client = redis.Redis.from_url(server.url)
         blocking_client.ping()
@@ -594,7 +604,7 @@ async def awaited_pings(count: int) -> dict[str, float]:
             blocking_client.ping()
         blocking = count / (time.perf_counter() - start)
         blocking_client.close()
-    return {"async": asynchronous, "blocking": blocking}
+    return {"async": asynchronous, "blocking": blocking, "wire": lean}
 
 
 # --------------------------------------------------------------------------- one trial
@@ -885,9 +895,10 @@ def round_trip_limit(
     ping_raw: dict[str, list[float]], medians: dict[str, dict[str, float | None]]
 ) -> dict[str, Any]:
     """The awaited-PING rates and each system's one-call-per-job enqueue as a share of
-    the PING rate of its client (asyncio for fairq and SAQ, blocking for Dramatiq)."""
+    the PING rate of its client (fairq's lean connection, redis-py's asyncio client for
+    SAQ, its blocking client for Dramatiq)."""
     pings = {k: median(v) for k, v in ping_raw.items()}
-    client = {"fairq": "async", "saq": "async", "dramatiq": "blocking"}
+    client = {"fairq": "wire", "saq": "async", "dramatiq": "blocking"}
     shares: dict[str, float | None] = {}
     for system, figures in medians.items():
         rate, ping = figures.get("enqueue"), pings.get(client.get(system, "async"))
@@ -943,8 +954,9 @@ def table(result: dict[str, Any]) -> str:
         )
         notes = [
             "",
-            f"Awaited PING, one caller: asyncio {pings['async']:,.0f}/s, "
-            f"blocking {pings['blocking']:,.0f}/s. One-call enqueue as a share of its "
+            f"Awaited PING, one caller: redis-py asyncio {pings['async']:,.0f}/s, "
+            f"redis-py blocking {pings['blocking']:,.0f}/s, fairq's script connection "
+            f"{pings.get('wire', 0):,.0f}/s. One-call enqueue as a share of its "
             f"client's PING rate: {shares}.",
         ]
     return "\n".join(
@@ -981,7 +993,7 @@ async def main_async(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     raw: dict[str, dict[str, list[float]]] = {s: {c.key: [] for c in columns} for s in systems}
     failures: dict[str, dict[str, list[str]]] = {s: {} for s in systems}
     trials: list[dict[str, Any]] = []
-    ping_raw: dict[str, list[float]] = {"async": [], "blocking": []}
+    ping_raw: dict[str, list[float]] = {"async": [], "blocking": [], "wire": []}
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
@@ -1003,7 +1015,7 @@ async def main_async(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
             for key, value in pings.items():
                 ping_raw[key].append(value)
             log(f"rep {rep + 1} awaited PING: asyncio {pings['async']:,.0f}/s, "
-                f"blocking {pings['blocking']:,.0f}/s")  # fmt: skip
+                f"blocking {pings['blocking']:,.0f}/s, wire {pings['wire']:,.0f}/s")  # fmt: skip
             for kind in kinds:
                 for system in order:
                     if system not in TRIAL_SYSTEMS.get(kind, SYSTEMS):

@@ -10,6 +10,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 
+import hypothesis  # noqa: F401 - imported (and rewritten by pytest) here, at the start
 import pytest
 
 from fairq.config import RunQueueConfig

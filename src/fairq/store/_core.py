@@ -31,6 +31,7 @@ from fairq.store.cluster_routing import route_fcall_by_keys
 from fairq.store.context import ScriptContext
 from fairq.store.scripts import Order, Script, ScriptRegistry, registry
 from fairq.store.status import Status, decode
+from fairq.store.wire import script_wire
 
 T = TypeVar("T")
 
@@ -80,6 +81,8 @@ class StoreCore:
     ) -> None:
         route_fcall_by_keys(client)
         self.client = client
+        #: script calls go on a lean connection where one applies (not on a cluster)
+        self._script_client: Any = script_wire(client) or client
         self.config = config or RunQueueConfig()
         self.keys = KeySchema(self.config.prefix, self.config.shard_count)
         self.rng = rng or random.Random()
@@ -162,7 +165,7 @@ class StoreCore:
         if not self._meta_checked:
             await self.check_meta()
         script, argv = self.script_argv(operation, order, args, now_ms)
-        return await self.read(script(self.client, [tag], argv))
+        return await self.read(script(self._script_client, [tag], argv))
 
     def script_argv(
         self, operation: str, order: Order, args: list[Any], now_ms: int | None
@@ -235,6 +238,8 @@ class StoreCore:
         return now_ms if now_ms is not None else await self.server_time_ms()
 
     async def close(self) -> None:
+        if self._script_client is not self.client:
+            await self._script_client.aclose()
         await self.client.aclose()
 
 
