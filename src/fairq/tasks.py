@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -101,6 +102,12 @@ class RunIds:
         self._lock = threading.Lock()
         self._ms = 0
         self._seq = 0
+        # a child forked while another thread held the lock gets a fresh one
+        reset = weakref.WeakMethod(self._new_lock)
+        os.register_at_fork(after_in_child=lambda: (method := reset()) and method())
+
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
 
     def __call__(self) -> str:
         now = self._clock_ns() // 1_000_000

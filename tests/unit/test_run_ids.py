@@ -50,3 +50,32 @@ def test_two_processes_in_one_millisecond_make_different_ids() -> None:
     a, b = RunIds(Clock(9_000)), RunIds(Clock(9_000))
     assert a() != b()  # same time and sequence: the random part tells them apart
     assert ID.match(new_run_id())
+
+
+def test_a_child_forked_while_another_thread_makes_an_id_can_make_ids() -> None:
+    import os
+    import threading
+
+    ids = RunIds(Clock(11_000))
+    ids._lock.acquire()  # another thread is inside ids() at the moment of the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: its copy of the lock would be held forever
+            try:
+                ok = ID.match(ids()) is not None
+            finally:
+                os._exit(0 if ok else 1)
+        done = threading.Event()
+        status: list[int] = []
+
+        def wait() -> None:
+            status.append(os.waitpid(pid, 0)[1])
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        if not done.wait(10):
+            os.kill(pid, 9)
+            raise AssertionError("the forked child hung on the run-id lock")
+        assert status == [0]
+    finally:
+        ids._lock.release()
