@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +54,12 @@ class WireAddress:
     connect_timeout_s: float
 
 
-def _plain_class(cls: type) -> type | None:
-    """The redis-py connection class under fairq's packing subclass (None: not a plain
-    TCP or Unix-socket connection)."""
-    for plain in (Connection, UnixDomainSocketConnection):
-        if cls is plain or (issubclass(cls, HiredisPacking) and cls.__bases__[-1] is plain):
-            return plain
-    return None
+def _is_plain(cls: type) -> bool:
+    """Whether a pool's connection class is redis-py's plain TCP or Unix-socket one (or
+    fairq's packing subclass of it)."""
+    if issubclass(cls, HiredisPacking):
+        cls = cls.__bases__[-1]
+    return cls is Connection or cls is UnixDomainSocketConnection
 
 
 def wire_address(client: Any) -> WireAddress | None:
@@ -67,7 +67,7 @@ def wire_address(client: Any) -> WireAddress | None:
     script calls (a plain TCP or Unix-socket connection; None for a cluster, TLS, or a
     connection class fairq does not know)."""
     pool = getattr(client, "connection_pool", None)
-    if pool is None or _plain_class(pool.connection_class) is None:
+    if pool is None or not _is_plain(pool.connection_class):
         return None
     kw = pool.connection_kwargs
     if kw.get("credential_provider") is not None or kw.get("protocol") not in (None, 2, "2"):
@@ -163,36 +163,35 @@ class ScriptWire:
                 client's retries).
             redis.exceptions.ResponseError: the server refused the command.
         """
-        protocol = self._protocol
         try:
-            if (
-                protocol is None
-                or protocol.closed
-                or protocol.loop is not asyncio.get_running_loop()
-            ):
-                protocol = await self._connected()
-            return await protocol.send(args)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as first:
+            return await self._once(args)
+        except (RedisConnectionError, RedisTimeoutError) as first:
             if self._retry is None or isinstance(first, AuthenticationError):
-                raise _as_connection_error(first) from None
+                raise
             self._forget()
             return await self._retry.call_with_retry(lambda: self._once(args), self._failed)
 
     async def _failed(self, _error: Exception) -> None:
         self._forget()
 
-    async def _once(self, args: tuple[Any, ...]) -> Any:
-        try:
-            return await (await self._connected()).send(args)
-        except OSError as exc:
-            raise _as_connection_error(exc) from None
+    def _once(self, args: tuple[Any, ...]) -> Awaitable[Any]:
+        """Send on the open connection of the running loop (no coroutine when there is
+        one), else once it is made."""
+        protocol = self._protocol
+        if (
+            protocol is not None
+            and not protocol.closed
+            and protocol.loop is asyncio.get_running_loop()
+        ):
+            return protocol.send(args)
+        return self._connect_and_send(args)
+
+    async def _connect_and_send(self, args: tuple[Any, ...]) -> Any:
+        return await (await self._connected()).send(args)
 
     async def _connected(self) -> _Protocol:
-        """The open connection of the running loop (connecting once for all callers)."""
+        """A new connection in the running loop (made once for all callers that need it)."""
         loop = asyncio.get_running_loop()
-        protocol = self._protocol
-        if protocol is not None and not protocol.closed and protocol.loop is loop:
-            return protocol
         task = self._connecting
         if task is None or task.done() or task.get_loop() is not loop:
             self._forget()
@@ -267,12 +266,6 @@ def _close(protocol: _Protocol) -> None:
     elif not protocol.loop.is_closed():
         with contextlib.suppress(RuntimeError):
             protocol.loop.call_soon_threadsafe(transport.close)
-
-
-def _as_connection_error(exc: BaseException) -> RedisError:
-    if isinstance(exc, RedisError):
-        return exc
-    return RedisConnectionError(f"{type(exc).__name__}: {exc}")
 
 
 def script_wire(client: Any) -> ScriptWire | None:
