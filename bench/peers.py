@@ -806,6 +806,9 @@ async def _worker_trial(
     }
     if queued is not None:
         server["queued_memory_bytes_per_job"] = (queued.used_memory - before.used_memory) / jobs
+        # the server CPU split: the enqueue phase, and the drain (with the completion polls)
+        server["enqueue_cpu_us_per_job"] = (queued.cpu_s - before.cpu_s) * 1e6 / jobs
+        server["drain_cpu_us_per_job"] = (after.cpu_s - queued.cpu_s) * 1e6 / jobs
     out["server"] = server
     if kind == "drain1":
         out["figures"].update(

@@ -77,6 +77,8 @@ class CancelOutcome(enum.Enum):
     ALREADY_FINISHED = "already_finished"
     #: No such run (never enqueued, or its outcome's retention passed).
     UNKNOWN = "unknown"
+    #: The run is not in the state the caller asked for (``only_if``): nothing changed.
+    NOT_IN_STATE = "not_in_state"
 
     @property
     def cancelled(self) -> bool:

@@ -14,6 +14,7 @@ _SAID = {
     CancelOutcome.CANCEL_REQUESTED: "running: its worker was asked to stop it",
     CancelOutcome.ALREADY_FINISHED: "already finished: nothing to cancel",
     CancelOutcome.UNKNOWN: "unknown: not queued, running or dead-lettered",
+    CancelOutcome.NOT_IN_STATE: "not in the state asked for: nothing changed",
 }
 
 

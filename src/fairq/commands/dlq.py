@@ -115,11 +115,9 @@ async def delete(env_name: str, run_ids: tuple[str, ...], url: str | None) -> No
     missing = []
     try:
         for run_id in run_ids:
-            info = await rq.get_run(env, run_id)
-            if info is None or info.status is not RunStatus.DEAD_LETTERED:
-                missing.append(run_id)
-                continue
-            outcome = await rq.cancel(env, run_id)
+            # one script call that acts only on a dead letter: a run redriven meanwhile
+            # (by a worker of another operator) is left queued
+            outcome = await rq.cancel(env, run_id, only_if=RunStatus.DEAD_LETTERED)
             if outcome is not CancelOutcome.REMOVED_FROM_DLQ:
                 missing.append(run_id)
     finally:

@@ -340,14 +340,14 @@ def create_app(
                 except RunNotFoundError:
                     return 404, f"{run_id} is no longer in the dead-letter queue", "", ""
                 return 200, f"redriven {run_id}", f"run {run_id}", ""
-            info = await rq.get_run(env, run_id)
-            if action == "delete" and (info is None or info.status is not RunStatus.DEAD_LETTERED):
+            # one script call that acts only if the run is still where the page showed
+            # it: a dead letter redriven, or a queued run started, meanwhile is left alone
+            wanted = RunStatus.DEAD_LETTERED if action == "delete" else RunStatus.QUEUED
+            outcome = await rq.cancel(env, run_id, only_if=wanted)
+            if action == "delete" and not outcome.cancelled:
                 return 404, f"{run_id} is not in the dead-letter queue", "", ""
-            if action == "cancel" and (info is None or info.status is not RunStatus.QUEUED):
-                return 409, f"{run_id} is not queued: nothing to cancel", "", ""
-            outcome = await rq.cancel(env, run_id)
             if not outcome.cancelled:
-                return 409, f"{run_id}: {outcome.value.replace('_', ' ')}", "", ""
+                return 409, f"{run_id} is not queued: nothing to cancel", "", ""
             done_word = "deleted" if outcome is CancelOutcome.REMOVED_FROM_DLQ else "cancelled"
             return 200, f"{done_word} {run_id}", f"run {run_id}", ""
         if action == "redrive_all":

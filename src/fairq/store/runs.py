@@ -8,6 +8,7 @@ from fairq import keys as K
 from fairq.errors import RunNotFoundError
 from fairq.keys import Environment
 from fairq.models import CancelOutcome
+from fairq.outcomes import RunStatus
 from fairq.store._core import StoreCore
 from fairq.store.status import Status
 
@@ -17,18 +18,50 @@ _CANCEL: Final = {
     Status.CANCEL_REQUESTED: CancelOutcome.CANCEL_REQUESTED,
     Status.ALREADY_FINISHED: CancelOutcome.ALREADY_FINISHED,
     Status.UNKNOWN_RUN: CancelOutcome.UNKNOWN,
+    Status.NOT_IN_STATE: CancelOutcome.NOT_IN_STATE,
+}
+
+#: The states ``cancel(only_if=...)`` accepts, as the script names them.
+_ONLY_IF: Final = {
+    RunStatus.QUEUED: "queued",
+    RunStatus.RUNNING: "running",
+    RunStatus.DEAD_LETTERED: "dlq",
 }
 
 
 class RunOps(StoreCore):
     async def cancel(
-        self, env: Environment, run_id: str, *, now_ms: int | None = None
+        self,
+        env: Environment,
+        run_id: str,
+        *,
+        only_if: RunStatus | None = None,
+        now_ms: int | None = None,
     ) -> CancelOutcome:
         """Cancel a run in one script call. A queued run leaves its queue and a
         dead-lettered one the DLQ (both get the outcome ``cancelled``); a running run is
-        marked, and its worker told, so that it stops it and acks it as cancelled."""
+        marked, and its worker told, so that it stops it and acks it as cancelled.
+
+        ``only_if`` (``QUEUED``, ``RUNNING`` or ``DEAD_LETTERED``): act only if the run is
+        in that state when the script runs, else change nothing and return
+        ``NOT_IN_STATE``. A caller that looked at a run first (a dashboard, ``fairq dlq
+        delete``) thus never acts on a run that moved in between, e.g. a dead letter
+        redriven meanwhile.
+
+        Raises:
+            InvalidNameError: a bad run id.
+            ValueError: ``only_if`` is a state a run cannot be cancelled in.
+        """
         K.validate_name("run id", run_id)
-        reply = await self.call_for_env("cancel", env, [env.id, run_id], now_ms)
+        args = [env.id, run_id]
+        if only_if is not None:
+            state = _ONLY_IF.get(only_if)
+            if state is None:
+                raise ValueError(
+                    f"only_if must be one of {', '.join(s.name for s in _ONLY_IF)}, not {only_if!r}"
+                )
+            args.append(state)
+        reply = await self.call_for_env("cancel", env, args, now_ms)
         return _CANCEL[self.decode("cancel", reply)]
 
     async def redrive(self, env: Environment, run_id: str, *, now_ms: int | None = None) -> None:

@@ -40,6 +40,8 @@ class Status(enum.IntEnum):
     CANCELLED = 32
     REMOVED_FROM_DLQ = 33
     ALREADY_FINISHED = 34
+    #: cancel with a required state: the run is in another one (nothing changed)
+    NOT_IN_STATE = 35
     # whole-call outcomes
     OK = 40
     #: The age-order script met a queue whose order is fair; nothing was written.
@@ -78,6 +80,7 @@ REPLIES: Final[dict[str, frozenset[Status]]] = {
             Status.CANCEL_REQUESTED,
             Status.UNKNOWN_RUN,
             Status.ALREADY_FINISHED,
+            Status.NOT_IN_STATE,
         }
     ),
     "reclaim": frozenset({Status.OK}),

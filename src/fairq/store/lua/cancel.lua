@@ -9,9 +9,12 @@ ARGV
   context: the fields its context directive lists, in that order
   FIRST_ARG      env id
   FIRST_ARG + 1  run id
+  FIRST_ARG + 2  only in state ('' or absent = any; 'queued', 'running' or 'dlq'): a run
+                 in another state is left as it is (NOT_IN_STATE), so that a caller who
+                 looked at a run acts on it only if it is still where it was seen
 Reply
   CANCELLED, REMOVED_FROM_DLQ, CANCEL_REQUESTED, ALREADY_FINISHED (it has an outcome),
-  UNKNOWN_RUN
+  UNKNOWN_RUN, NOT_IN_STATE
 ]]
 --@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs
 --@context default_env_concurrency default_burst_factor default_queue_size_limit
@@ -25,6 +28,7 @@ Reply
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
 local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', 128)
+local only = arg_word(ARGV[FIRST_ARG + 2] or '', 'state', {'', 'queued', 'running', 'dlq'})
 local X = state_new(C, tag)
 local member = env_id .. ':' .. run
 local mkey = run_key(tag, member)
@@ -34,6 +38,7 @@ if not state then
   if redis.call('EXISTS', outcome_key(tag, member)) == 1 then return S.ALREADY_FINISHED end
   return S.UNKNOWN_RUN
 end
+if only ~= '' and state ~= only then return S.NOT_IN_STATE end
 local Q = run_queue(X, env_id, f[1])
 if state == 'running' then
   redis.call('HSET', mkey, 'cx', X.now)
