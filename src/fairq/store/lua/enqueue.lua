@@ -56,7 +56,9 @@ for r = 0, count - 1 do
     timeout = arg_int(ARGV[i + 9], 'timeout_ms', 0, MAX_TIME_MS),
     trace = ARGV[i + 10],
   }
-  if #run.trace > 512 or string.find(run.trace, '[^!-~]') then fail('bad trace context') end
+  if run.trace ~= '' and (#run.trace > 512 or string.find(run.trace, '[^!-~]')) then
+    fail('bad trace context')
+  end
   if run.ck ~= '' and not string.match(run.ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
   if run.tenant ~= '' and not string.match(run.tenant, '^[%w_%.%-%%]+$') then
     fail('bad encoded tenant')
@@ -72,21 +74,22 @@ for r = 0, count - 1 do
   runs[#runs + 1] = run
 end
 
+local function push_field(fields, name, value)
+  local n = #fields
+  fields[n + 1] = name
+  fields[n + 2] = value
+end
+
 -- The run hash's fields (the optional ones only when set).
 local function run_fields(run)
   local fields = {'q', queue, 'k', run.ck, 'p', run.payload, 's', run.score,
     't', C.now, 'a', 0, 'd', 0, 'st', 'queued'}
-  local function optional(name, value, set)
-    if set then
-      fields[#fields + 1] = name
-      fields[#fields + 1] = value
-    end
-  end
-  optional('n', run.tenant, run.tenant ~= '')
-  optional('x', run.ttl_deadline, run.ttl_deadline > 0)
-  optional('o', run.keep, run.keep ~= '')
-  optional('to', run.timeout, run.timeout > 0)
-  optional('tc', run.trace, run.trace ~= '')
+  -- the optional ones (a closure per run cost more than the fields)
+  if run.tenant ~= '' then push_field(fields, 'n', run.tenant) end
+  if run.ttl_deadline > 0 then push_field(fields, 'x', run.ttl_deadline) end
+  if run.keep ~= '' then push_field(fields, 'o', run.keep) end
+  if run.timeout > 0 then push_field(fields, 'to', run.timeout) end
+  if run.trace ~= '' then push_field(fields, 'tc', run.trace) end
   return fields
 end
 

@@ -23,6 +23,8 @@ end
 
 -- An integer in [low, high].
 local function arg_int(value, name, low, high)
+  -- '0', the commonest argument (no delay, no TTL ...), without tonumber
+  if value == '0' and (low == nil or low <= 0) and (high == nil or high >= 0) then return 0 end
   local n = arg_num(value, name, low, high)
   if n ~= math.floor(n) then fail(name .. ' must be an integer') end
   return n
