@@ -116,7 +116,7 @@ async def delete(env_name: str, run_ids: tuple[str, ...], url: str | None) -> No
     try:
         for run_id in run_ids:
             # one script call that acts only on a dead letter: a run redriven meanwhile
-            # (by a worker of another operator) is left queued
+            # (by another operator, say) stays queued
             outcome = await rq.cancel(env, run_id, only_if=RunStatus.DEAD_LETTERED)
             if outcome is not CancelOutcome.REMOVED_FROM_DLQ:
                 missing.append(run_id)
