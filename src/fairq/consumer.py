@@ -9,6 +9,14 @@ arrives while it dequeues is never lost. When a dequeue finds nothing it sleeps 
 hint, the moment the dequeue said something held back becomes ready (a delayed run, a
 backoff, a rate limit's next token), or ``idle_timeout`` — whichever is first.
 
+Lingering: a dequeue that leased some runs but fewer than it asked for means runs are
+arriving one by one. The next dequeue then waits until ``linger`` seconds (2 ms by
+default) after that one, so that it leases the runs that arrived meanwhile in one call
+instead of one call per run (each call, and each run's wake-up hint, costs the server
+more than the run's share of a batch). A consumer that found nothing, or a full batch,
+does not linger: an idle consumer still picks up a new run at once, and one under a
+backlog dequeues back to back.
+
 Maintenance (requeueing runs whose lease lapsed, expiring runs whose TTL passed) runs
 on a timer, also while a consumer waits (:meth:`fairq.store.RunQueue.maintain`).
 
@@ -43,6 +51,23 @@ log = logging.getLogger("fairq.consumer")
 #: Backoff bounds after a lost connection (s).
 MIN_RETRY_S: Final = 0.05
 MAX_RETRY_S: Final = 2.0
+#: How long after a partial batch the next dequeue waits for more runs (s), by default.
+DEFAULT_LINGER_S: Final = 0.002
+#: The longest linger a consumer accepts (s).
+MAX_LINGER_S: Final = 1.0
+
+
+def check_linger(linger: object) -> None:
+    """Raises ConfigurationError unless ``linger`` is a number of seconds a consumer takes."""
+    if (
+        isinstance(linger, bool)
+        or not isinstance(linger, int | float)
+        or not math.isfinite(linger)
+        or not 0 <= linger <= MAX_LINGER_S
+    ):
+        raise ConfigurationError(
+            f"linger must be a number of seconds in [0, {MAX_LINGER_S}], got {short(linger)}"
+        )
 
 
 class Consumer:
@@ -54,6 +79,8 @@ class Consumer:
         queues: the queues to serve (with ``env``).
         idle_timeout: longest sleep without a hint (seconds).
         maintenance_interval: how often lapsed leases and TTLs are processed (seconds).
+        linger: after a dequeue that leased fewer runs than asked (but some), how long
+            after it the next dequeue waits for more to arrive (seconds; 0 = never).
         on_cancel: called with a run's lease member when its cancellation is requested.
         on_connection_lost: awaited after a lost connection, before retrying.
     """
@@ -66,6 +93,7 @@ class Consumer:
         queues: Sequence[str] | None = None,
         idle_timeout: float = 1.0,
         maintenance_interval: float = 1.0,
+        linger: float = DEFAULT_LINGER_S,
         on_cancel: Callable[[str], None] | None = None,
         on_connection_lost: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
@@ -84,6 +112,7 @@ class Consumer:
                 raise ConfigurationError(
                     f"{name} must be a number of seconds in (0, 86400], got {short(value)}"
                 )
+        check_linger(linger)
         names = None if queues is None else list(queues)
         try:
             for q in names or []:
@@ -95,6 +124,9 @@ class Consumer:
         self.queues = names
         self.idle_timeout = idle_timeout
         self.maintenance_interval = maintenance_interval
+        self.linger = linger
+        #: loop time of the last dequeue that leased some runs but fewer than asked
+        self._partial_at: float | None = None
         self.on_cancel = on_cancel
         self.on_connection_lost = on_connection_lost
         self._wake = asyncio.Event()
@@ -162,6 +194,16 @@ class Consumer:
             if loop.time() >= self._next_maintenance:
                 await self.maintain()
 
+    async def _linger(self) -> None:
+        """After a partial batch: wait until ``linger`` after it (runs are arriving one
+        by one; the next dequeue takes those that arrived meanwhile together)."""
+        if self._partial_at is None or self.linger <= 0:
+            return
+        delay = self._partial_at + self.linger - asyncio.get_running_loop().time()
+        self._partial_at = None
+        if delay > 0 and not self.closed:
+            await asyncio.sleep(delay)
+
     async def lost(self, exc: ConnectionLostError, retry_s: float) -> float:
         """A lost connection: log, heal, back off. Returns the next backoff."""
         log.warning("server %s unavailable (%s); retrying in %.2fs", exc.url, exc.reason, retry_s)
@@ -186,6 +228,7 @@ class Consumer:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         retry_s = MIN_RETRY_S
+        await self._linger()
         while not self.closed:
             self._wake.clear()
             try:
@@ -202,7 +245,10 @@ class Consumer:
                 log.warning("server %s is back", self.rq.server)
                 retry_s = MIN_RETRY_S
             if batch.deliveries:
+                partial = len(batch.deliveries) < max_count
+                self._partial_at = loop.time() if partial else None
                 return batch.deliveries
+            self._partial_at = None
             wait = self.idle_timeout
             if batch.wait_ms is not None:
                 wait = min(wait, batch.wait_ms / 1000)

@@ -46,7 +46,7 @@ from typing import Any, Final
 
 from fairq import telemetry
 from fairq.app import Fairq
-from fairq.consumer import Consumer
+from fairq.consumer import DEFAULT_LINGER_S, Consumer, check_linger
 from fairq.errors import ConfigurationError, ConnectionLostError, FairqError, PermanentError
 from fairq.keys import encode_concurrency_key, encode_tenant
 from fairq.metrics import RunMetrics
@@ -121,6 +121,8 @@ class Worker:
         burst: stop once the queues have nothing ready and nothing is in flight.
         idle_timeout: longest sleep without a wake-up hint (seconds).
         maintenance_interval: how often lapsed leases / TTLs are processed (seconds).
+        linger: after a dequeue that leased some runs but fewer than it asked for, how long
+            the next dequeue waits for more to arrive (seconds; see :class:`Consumer`).
         install_signal_handlers: stop gracefully on SIGTERM / SIGINT (main thread only).
         run_schedules: enqueue the app's schedules' ticks (default True).
     """
@@ -138,6 +140,7 @@ class Worker:
         burst: bool = False,
         idle_timeout: float = 1.0,
         maintenance_interval: float = 1.0,
+        linger: float = DEFAULT_LINGER_S,
         install_signal_handlers: bool = False,
         run_schedules: bool = True,
     ) -> None:
@@ -167,6 +170,7 @@ class Worker:
                 raise ConfigurationError(f"{name} must be a number of seconds in 0..86400")
         if idle_timeout <= 0 or maintenance_interval <= 0:
             raise ConfigurationError("idle_timeout and maintenance_interval must be positive")
+        check_linger(linger)
         if max_runs is not None and (
             isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
         ):
@@ -187,6 +191,7 @@ class Worker:
         self.burst = burst
         self.idle_timeout = idle_timeout
         self.maintenance_interval = maintenance_interval
+        self.linger = linger
         self.install_signal_handlers = install_signal_handlers
         self.run_schedules = run_schedules
         self.stats = WorkerStats()
@@ -273,7 +278,8 @@ class Worker:
         )
         self._consumer = Consumer(
             rq, env=self.app.env, queues=self.queues, idle_timeout=self.idle_timeout,
-            maintenance_interval=self.maintenance_interval, on_cancel=self._on_cancel,
+            maintenance_interval=self.maintenance_interval, linger=self.linger,
+            on_cancel=self._on_cancel,
             on_connection_lost=self._connection_lost,
         )  # fmt: skip
         installed: list[signal.Signals] = []

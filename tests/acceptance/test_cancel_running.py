@@ -74,8 +74,11 @@ async def test_an_async_run_sees_cancelled_error_and_ends_cancelled(app: Fairq) 
         assert await running(app, "crawl") == 1
         began = time.monotonic()
         assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
+        # marked while it runs; the worker hears the cancel on its wake channel at once, so
+        # by this read it may already have stopped the run and finished it cancelled
         info = await handle.info()
-        assert info is not None and info.cancel_requested
+        assert info is not None
+        assert info.cancel_requested or info.status is RunStatus.CANCELLED, info
         await cancelled(handle)
         # within a heartbeat (0.5 s) and then some
         assert time.monotonic() - began < LEASE_MS / 3000 + 1.0

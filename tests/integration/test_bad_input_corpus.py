@@ -1044,6 +1044,8 @@ CLI: list[tuple[str, list[str]]] = [
         ["limits", "weight", ENV_ID, "q", "k", "1e400"],
         ["limits", "weight", ENV_ID, "q", "x" * 300, "2"],
         ["limits", "pause", ENV_ID, "a:b"],
+        ["worker", "app:app", "--linger-ms", "-1"],
+        ["worker", "app:app", "--linger-ms", "5000"],
         ["cancel", ENV_ID, "bad:id"],
         ["cancel", ENV_ID, "r" * 10_000],
         ["dlq", "list", ENV_ID, "--limit", "0"],

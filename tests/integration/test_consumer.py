@@ -13,12 +13,15 @@ from typing import Any
 import pytest
 from tests.integration.commandstats import total_calls
 
+from fairq import Fairq
 from fairq.config import RunQueueConfig
 from fairq.consumer import Consumer
+from fairq.errors import ConfigurationError
 from fairq.keys import Environment
 from fairq.outcomes import RunStatus
 from fairq.server import EmbeddedServer, connect, is_cluster_url
 from fairq.store import RunQueue
+from fairq.worker import Worker
 
 
 async def started(rq: RunQueue, **kwargs: Any) -> Consumer:
@@ -255,3 +258,89 @@ async def test_an_idle_consumer_costs_the_server_almost_nothing(redis_url: str) 
             await consumer.close()
             await rq.close()
     assert (after - before) / 3.0 < 20, after - before
+
+
+# ------------------------------------------------------------------ lingering
+
+
+def _counting_dequeues(rq: RunQueue) -> list[int]:
+    """Counts the consumer's dequeue calls (each call's batch size), on the real store."""
+    sizes: list[int] = []
+    dequeue_batch = rq.dequeue_batch
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        batch = await dequeue_batch(*args, **kwargs)
+        sizes.append(len(batch.deliveries))
+        return batch
+
+    rq.dequeue_batch = counted  # type: ignore[method-assign]
+    return sizes
+
+
+async def test_after_a_partial_batch_the_next_dequeue_waits_and_takes_what_arrived(
+    make_queue: Any, env: Environment
+) -> None:
+    """Runs arriving one by one: after a batch that leased fewer runs than asked for, the
+    next dequeue waits ``linger`` and then leases what arrived meanwhile in one call
+    (without lingering its first call would find nothing, or only r2)."""
+    consumer_rq: RunQueue = await make_queue()
+    producer: RunQueue = await make_queue()
+    await producer.enqueue(env, "q", "r1")
+    consumer = await started(consumer_rq, idle_timeout=30, maintenance_interval=30, linger=0.5)
+    sizes = _counting_dequeues(consumer_rq)
+    try:
+        assert [d.run_id for d in await consumer.next_batch(10)] == ["r1"]
+        t = time.perf_counter()
+        task = asyncio.create_task(consumer.next_batch(10))
+        await producer.enqueue(env, "q", "r2")
+        await producer.enqueue(env, "q", "r3")
+        batch = await asyncio.wait_for(task, 5)
+        elapsed = time.perf_counter() - t
+    finally:
+        await consumer.close()
+    assert [d.run_id for d in batch] == ["r2", "r3"]
+    assert sizes == [1, 2]  # one call for r2 and r3
+    assert elapsed >= 0.3, elapsed
+
+
+async def test_an_idle_consumer_and_one_with_a_full_batch_do_not_linger(
+    make_queue: Any, env: Environment
+) -> None:
+    consumer_rq: RunQueue = await make_queue()
+    producer: RunQueue = await make_queue()
+    consumer = await started(consumer_rq, idle_timeout=30, maintenance_interval=30, linger=0.8)
+    try:
+        # idle (its last dequeue found nothing): a new run is picked up on its hint at once
+        task = await waiting(consumer, max_count=2)
+        t = time.perf_counter()
+        await producer.enqueue(env, "q", "r1")
+        await producer.enqueue(env, "q", "r2")
+        await producer.enqueue(env, "q", "r3")
+        first = await asyncio.wait_for(task, 5)
+        picked_up = time.perf_counter() - t
+        # a batch of what it asked for (a backlog): the next dequeue follows at once
+        if len(first) == 1:
+            first += await consumer.next_batch(1)
+        t = time.perf_counter()
+        rest = await consumer.next_batch(2)
+        back_to_back = time.perf_counter() - t
+    finally:
+        await consumer.close()
+    assert [d.run_id for d in first + rest] == ["r1", "r2", "r3"]
+    assert picked_up < 0.5, picked_up
+    assert back_to_back < 0.5, back_to_back
+
+
+@pytest.mark.parametrize("linger", [-0.001, 1.5, float("nan"), True, "2ms"])
+async def test_a_bad_linger_is_refused(make_queue: Any, linger: Any) -> None:
+    rq: RunQueue = await make_queue()
+    with pytest.raises(ConfigurationError, match="linger must be"):
+        Consumer(rq, linger=linger)
+    app = Fairq("o:p:e")
+
+    @app.task(queue="q")
+    def work(payload: Any) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="linger must be"):
+        Worker(app, linger=linger)

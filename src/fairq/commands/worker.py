@@ -59,6 +59,14 @@ def load_app(spec: str) -> Fairq:
 @click.option(
     "--grace", default=30.0, show_default=True, help="Seconds in-flight runs get after SIGTERM."
 )
+@click.option(
+    "--linger-ms",
+    type=click.FloatRange(0, 1000),
+    default=2.0,
+    show_default=True,
+    help="After a dequeue that got fewer runs than it asked for, wait this long for more "
+    "before the next (0 = never).",
+)
 @click.option("--burst", is_flag=True, help="Exit once nothing is ready and nothing is running.")
 @click.option("--max-runs", type=int, default=None, help="Exit after this many runs ended.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every run, retry and limit change.")
@@ -93,6 +101,7 @@ def command(
     concurrency: int,
     queues: tuple[str, ...],
     grace: float,
+    linger_ms: float,
     burst: bool,
     max_runs: int | None,
     verbose: bool,
@@ -116,8 +125,8 @@ def command(
     if count > 1:
         _supervise(
             count, app_spec, url=url, concurrency=concurrency, queues=queues, grace=grace,
-            burst=burst, max_runs=max_runs, verbose=verbose, log_format=log_format,
-            metrics_port=metrics_port, metrics_host=metrics_host,
+            linger_ms=linger_ms, burst=burst, max_runs=max_runs, verbose=verbose,
+            log_format=log_format, metrics_port=metrics_port, metrics_host=metrics_host,
         )  # fmt: skip
         return
     from fairq import metrics
@@ -130,7 +139,8 @@ def command(
     try:
         worker = Worker(
             app, concurrency=concurrency, queues=list(queues) or None, grace_period=grace,
-            burst=burst, max_runs=max_runs, install_signal_handlers=True,
+            linger=linger_ms / 1000, burst=burst, max_runs=max_runs,
+            install_signal_handlers=True,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -194,6 +204,7 @@ def _supervise(
     concurrency: int,
     queues: tuple[str, ...],
     grace: float,
+    linger_ms: float,
     burst: bool,
     max_runs: int | None,
     verbose: bool,
@@ -206,6 +217,7 @@ def _supervise(
 
     base = [sys.executable, "-m", "fairq", "worker", app_spec, "--processes", "1"]
     base += ["--concurrency", str(concurrency), "--grace", repr(grace)]
+    base += ["--linger-ms", repr(linger_ms)]
     base += ["--log-format", log_format, "--metrics-host", metrics_host]
     for q in queues:
         base += ["--queue", q]
