@@ -32,7 +32,7 @@ from fairq.config import RetryPolicy, RunQueueConfig
 from fairq.errors import ConfigurationError, short
 from fairq.keys import Environment
 from fairq.models import CancelOutcome
-from fairq.outcomes import RunInfo
+from fairq.outcomes import RunInfo, RunStatus
 from fairq.server import connect, heal_shared_server_async, resolve_url
 from fairq.store import RunQueue
 from fairq.sync import SyncFacade
@@ -405,15 +405,19 @@ class Fairq:
 
     # ------------------------------------------------------------------ runs
 
-    async def cancel(self, run_id: str) -> CancelOutcome:
+    async def cancel(self, run_id: str, *, only_if: RunStatus | None = None) -> CancelOutcome:
         """Cancel a run: a queued run is never delivered, a dead-lettered one leaves the
         DLQ (either then reports ``cancelled``); a running run's worker is asked to stop
-        it (``CANCEL_REQUESTED``), and it ends ``cancelled``."""
+        it (``CANCEL_REQUESTED``), and it ends ``cancelled``.
+
+        ``only_if`` (``QUEUED``, ``RUNNING`` or ``DEAD_LETTERED``): act only on a run in
+        that state, checked in the same server call; otherwise nothing changes and the
+        answer is ``NOT_IN_STATE`` (see :meth:`fairq.store.RunQueue.cancel`)."""
         if self.eager:
             known = run_id in self._eager_runs
             return CancelOutcome.ALREADY_FINISHED if known else CancelOutcome.UNKNOWN
         rq = await self.queue()
-        return await rq.cancel(self.env, run_id)
+        return await rq.cancel(self.env, run_id, only_if=only_if)
 
     async def get_run(self, run_id: str) -> RunInfo | None:
         """A run's status and result or error; None when fairq knows nothing of it

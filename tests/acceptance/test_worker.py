@@ -388,7 +388,11 @@ async def test_a_cancelled_run_never_runs_and_reports_cancelled(app: Fairq) -> N
     keep = await job.trigger({"name": "keep"}, concurrency_key="t1")
     drop = await job.trigger({"name": "drop"}, concurrency_key="t1")
 
-    # When one is cancelled before a worker starts
+    # When one is cancelled before a worker starts (and a cancel meant for a dead letter
+    # leaves the queued one alone)
+    assert (
+        await app.cancel(keep.run_id, only_if=RunStatus.DEAD_LETTERED) is CancelOutcome.NOT_IN_STATE
+    )
     assert await drop.cancel() is CancelOutcome.CANCELLED
 
     # Then the worker runs only the other, and the cancelled one reports so
