@@ -125,7 +125,8 @@ class Consumer:
         self.idle_timeout = idle_timeout
         self.maintenance_interval = maintenance_interval
         self.linger = linger
-        #: loop time of the last dequeue that leased some runs but fewer than asked
+        #: loop time of the last dequeue that leased some runs but fewer than asked (only
+        #: kept when this consumer lingers)
         self._partial_at: float | None = None
         self.on_cancel = on_cancel
         self.on_connection_lost = on_connection_lost
@@ -197,7 +198,7 @@ class Consumer:
     async def _linger(self) -> None:
         """After a partial batch: wait until ``linger`` after it (runs are arriving one
         by one; the next dequeue takes those that arrived meanwhile together)."""
-        if self._partial_at is None or self.linger <= 0:
+        if self._partial_at is None:
             return
         delay = self._partial_at + self.linger - asyncio.get_running_loop().time()
         self._partial_at = None
@@ -245,7 +246,7 @@ class Consumer:
                 log.warning("server %s is back", self.rq.server)
                 retry_s = MIN_RETRY_S
             if batch.deliveries:
-                partial = len(batch.deliveries) < max_count
+                partial = self.linger > 0 and len(batch.deliveries) < max_count
                 self._partial_at = loop.time() if partial else None
                 return batch.deliveries
             self._partial_at = None

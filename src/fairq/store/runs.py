@@ -8,7 +8,7 @@ from fairq import keys as K
 from fairq.errors import RunNotFoundError
 from fairq.keys import Environment
 from fairq.models import CancelOutcome
-from fairq.outcomes import RunStatus
+from fairq.outcomes import STATE_STATUS, RunStatus
 from fairq.store._core import StoreCore
 from fairq.store.status import Status
 
@@ -21,12 +21,9 @@ _CANCEL: Final = {
     Status.NOT_IN_STATE: CancelOutcome.NOT_IN_STATE,
 }
 
-#: The states ``cancel(only_if=...)`` accepts, as the script names them.
-_ONLY_IF: Final = {
-    RunStatus.QUEUED: "queued",
-    RunStatus.RUNNING: "running",
-    RunStatus.DEAD_LETTERED: "dlq",
-}
+#: The states ``cancel(only_if=...)`` accepts, as the script names them: a run's states
+#: on the server (``STATE_STATUS`` read backwards).
+_ONLY_IF: Final = {status: state for state, status in STATE_STATUS.items()}
 
 
 class RunOps(StoreCore):
