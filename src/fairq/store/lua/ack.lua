@@ -56,7 +56,7 @@ for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
     gone[#gone + 1] = mkey
     if outcome ~= '' then write_outcome(X, member, outcome) end
     local started = tonumber(f[6])
-    recent_add(X, Q, run, status, tonumber(f[5]) or 0, started, f[2], ta)
+    recent_add(X, Q, run, status, f[5] or '0', started, f[2], ta)
     history_add(X, Q, status, 1)
     if started then
       history_add(X, Q, 'run_ms', X.now - started)

@@ -110,11 +110,23 @@ end
 -- The few options an age-order enqueue reads (its size limit, order and named flag) in a
 -- 5-field HMGET: a queue context with only those settings (same fallbacks as
 -- queue_config: the queue's, else the environment's, else the process default).
+-- The field names are kept per queue name (a bounded number, as config_fields does).
 -- Returns env, {name -> queue}.
+local ENQUEUE_FIELDS, ENQUEUE_FIELDS_CACHED = {}, 0
+
 local function enqueue_config_read(X, V, env_id, name)
   local C = X.C
-  local raw = redis.call('HMGET', env_key(V, 'config'), 'max_queue_size', 'order',
-    config_field(name, 'max_size'), config_field(name, 'order'), config_field(name, 'named'))
+  local fields = ENQUEUE_FIELDS[name]
+  if fields == nil then
+    fields = {'max_queue_size', 'order', config_field(name, 'max_size'),
+      config_field(name, 'order'), config_field(name, 'named')}
+    if ENQUEUE_FIELDS_CACHED >= CONFIG_FIELDS_CACHE_SIZE then
+      ENQUEUE_FIELDS, ENQUEUE_FIELDS_CACHED = {}, 0
+    end
+    ENQUEUE_FIELDS[name] = fields
+    ENQUEUE_FIELDS_CACHED = ENQUEUE_FIELDS_CACHED + 1
+  end
+  local raw = redis.call('HMGET', env_key(V, 'config'), unpack(fields))
   local env = {
     V = V, env_id = env_id,
     max_queue_size = option_value('int', raw[1]) or C.default_queue_size_limit,

@@ -260,18 +260,28 @@ local function recent_add(X, Q, run, status, attempts, started, ck, ta)
     list = {}
     X.recent[Q.B] = list
   end
-  list[#list + 1] = status .. ' ' .. X.now .. ' ' .. attempts .. ' '
+  -- (a number turned into text costs a sprintf: the call's clock is turned once)
+  local now = X.now_text
+  if now == nil then
+    now = tostring(X.now)
+    X.now_text = now
+  end
+  list[#list + 1] = status .. ' ' .. now .. ' ' .. attempts .. ' '
     .. (started and (X.now - started) or '') .. ' ' .. ck .. ' ' .. (ta or '') .. ' ' .. run
 end
 
--- Add to a counter of the queue's current history bucket.
+-- Add to a counter of the queue's current history bucket (the call's bucket is one for
+-- all its queues: its number is turned into text once).
 local function history_add(X, Q, field, n)
-  local bucket = math.floor(X.now / HISTORY_BUCKET_MS)
-  local id = Q.B .. '|' .. bucket
-  local h = X.history[id]
+  local bucket = X.bucket_text
+  if bucket == nil then
+    bucket = tostring(math.floor(X.now / HISTORY_BUCKET_MS))
+    X.bucket_text = bucket
+  end
+  local h = X.history[Q.B]
   if h == nil then
     h = {key = history_key(Q.B, bucket), fields = {}}
-    X.history[id] = h
+    X.history[Q.B] = h
   end
   h.fields[field] = (h.fields[field] or 0) + n
 end
@@ -291,6 +301,12 @@ end
 -- Apply what the script collected: slots, leases, TTL index, counters, heads index,
 -- recent lists, history, and the wake-up hint. Call once, at the end.
 local function state_flush(X)
+  if not rawget(X, 'made') then
+    -- no state table was made (an enqueue behind older runs, a dequeue that found
+    -- nothing): only the wake-up hint can be due
+    if X.wake then redis.call('PUBLISH', X.C.wake_channel, 'work') end
+    return
+  end
   ck_index_flush(X)
   slots_flush(X)
   for V, runs in pairs(state_peek(X, 'env_take')) do

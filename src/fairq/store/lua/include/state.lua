@@ -29,6 +29,7 @@ local STATE_META = {
     if STATE_TABLES[name] then
       local t = {}
       rawset(X, name, t)
+      rawset(X, 'made', true) -- state_flush has something to look at
       return t
     end
   end,
@@ -47,15 +48,25 @@ local function state_peek(X, name)
   return rawget(X, name) or STATE_NONE
 end
 
+-- The shard-wide keys every script uses, per shard tag (a server holds few shards).
+local SHARD_COMMON, SHARD_COMMON_CACHED = {}, 0
+
 local function state_new(C, tag)
   if getmetatable(STATE_NONE) == nil then setmetatable(STATE_NONE, STATE_NONE_META) end
+  local common = SHARD_COMMON[tag]
+  if common == nil then
+    common = {shard_key(tag, 'heads'), shard_key(tag, 'leases'), shard_key(tag, 'ttl')}
+    if SHARD_COMMON_CACHED >= 1024 then SHARD_COMMON, SHARD_COMMON_CACHED = {}, 0 end
+    SHARD_COMMON[tag] = common
+    SHARD_COMMON_CACHED = SHARD_COMMON_CACHED + 1
+  end
   return setmetatable({
     C = C,
     tag = tag,
     now = C.now,
-    heads = shard_key(tag, 'heads'),
-    leases = shard_key(tag, 'leases'),
-    ttl = shard_key(tag, 'ttl'),
+    heads = common[1],
+    leases = common[2],
+    ttl = common[3],
     wake = false,
   }, STATE_META)
 end
