@@ -30,16 +30,20 @@ local FIELDS = 4
 local STATUS_WORDS = {'completed', 'failed', 'cancelled', 'timed_out'}
 local tag = KEYS[1]
 local count = arg_groups(ARGV, FIRST_ARG, FIELDS, 'run')
--- check every run before the first write (the loop below reads the same arguments)
+-- check every run before the first write (the loop below reads the same arguments, and
+-- the members' parts split here)
+local env_ids, run_ids = {}, {}
 for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
-  arg_member(ARGV[i])
+  local _, env_id, run = arg_member(ARGV[i])
+  env_ids[#env_ids + 1], run_ids[#run_ids + 1] = env_id, run
   arg_int(ARGV[i + 1], 'lease token', 0, 1e15)
   arg_word(ARGV[i + 3], 'status', STATUS_WORDS)
 end
 
 local X = state_new(C, tag)
 local statuses, gone, acked = {}, {}, {}
-for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
+for n = 1, count do
+  local i = FIRST_ARG + (n - 1) * FIELDS
   local member, outcome, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
   local mkey = run_key(tag, member)
   local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ls', 'ta')
@@ -48,7 +52,7 @@ for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
   elseif f[3] ~= 'running' or tonumber(f[4]) ~= tonumber(ARGV[i + 1]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
-    local env_id, run = split_member(member)
+    local env_id, run = env_ids[n], run_ids[n]
     local Q = run_queue(X, env_id, f[1])
     local ta = f[7] or ''
     free_slots_later(X, Q, f[2], run, ta)

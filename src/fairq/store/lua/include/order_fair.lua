@@ -100,16 +100,6 @@ local function tenant_floor_raise(X, V, value)
   if value > f.value then f.value = value end
 end
 
--- The weights of the listed keys of Q (nil where a key has none).
-local function key_weights(X, Q, flows)
-  local out = {}
-  if Q.weighted and #flows > 0 then
-    local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
-    for i, k in ipairs(flows) do out[k] = tonumber(raw[i]) end
-  end
-  return out
-end
-
 -- Whether this call moved the floor across a tick (or created the state): time to prune
 -- and refresh TTLs.
 local function floor_ticked(X, V)
@@ -447,8 +437,10 @@ end
 
 local function key_better(a, b)
   if b == nil then return true end
-  if a.tag ~= b.tag then return a.tag < b.tag end
-  if a.tie ~= b.tie then return a.tie < b.tie end
+  local at, bt = a.tag, b.tag
+  if at ~= bt then return at < bt end
+  at, bt = a.tie, b.tie
+  if at ~= bt then return at < bt end
   return a.flow < b.flow
 end
 
@@ -462,7 +454,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   local qdone = {}
   local served = 0
   local served_of = {} -- B|flow -> runs served this call
-  local keysets = {}   -- B|T -> {Q, T, keys, kf}
+  local loaded = {}    -- the pairs whose key sets this call read
   local lenders = {}
 
   local function pair_at(Q, T)
@@ -649,56 +641,75 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     return true
   end
 
-  -- The flows of a pair (loaded on first use): simple, or its key set.
+  -- The flows of a pair (loaded on first use): simple, or its key set. Each key is a
+  -- record {flow, tag, tie, active, weight} (and gone / touched once set).
   local function load_keys(p)
     if p.keys ~= nil or p.simple then return end
     local Q = p.Q
-    local kk = tenant_key(Q.B, p.T, 'keys')
-    local width = math.max(budget + 8, KEYS_LOADED)
-    local entries = {}
-    if Q.named then entries = redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES') end
-    if #entries == 0 then
+    if not Q.named then
       p.simple = true
       return
     end
-    p.complete = #entries < 2 * width
+    local kk = tenant_key(Q.B, p.T, 'keys')
+    local width = math.max(budget + 8, KEYS_LOADED)
+    local entries = redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
+    local n = #entries
+    if n == 0 then
+      p.simple = true
+      return
+    end
+    p.complete = n < 2 * width
     local floor_raw = nil
     if p.complete then floor_raw = false end
-    local flows, tags = {}, {}
-    for i = 1, #entries, 2 do
-      if entries[i] == FLOOR_MEMBER then
+    local keys, nk, disc = {}, 0, p.disc
+    for i = 1, n, 2 do
+      local flow = entries[i]
+      if flow == FLOOR_MEMBER then
         floor_raw = entries[i + 1]
       else
-        flows[#flows + 1] = entries[i]
-        tags[entries[i]] = tonumber(entries[i + 1])
+        nk = nk + 1
+        keys[nk] = {flow = flow, tag = tonumber(entries[i + 1]),
+          tie = disc and disc[flow] or math.huge, active = true, weight = 1}
       end
     end
     local kf = key_floor(X, Q, p.T, kk, floor_raw)
-    -- discovered keys of this tenant the loaded part of its set does not list
-    local missing = {}
-    for flow in pairs(p.disc or {}) do
-      if tags[flow] == nil then missing[#missing + 1] = flow end
-    end
-    table.sort(missing)
-    local found = {}
-    if #missing > 0 and not p.complete then found = call_list('ZMSCORE', kk, missing) end
-    for i, flow in ipairs(missing) do
-      local tag = tonumber(found[i])
-      if tag == nil then tag = register_key(X, Q, p.T, flow) end
-      if tag ~= nil then
-        flows[#flows + 1] = flow
-        tags[flow] = tag
+    if disc ~= nil then
+      -- discovered keys of this tenant the loaded part of its set does not list
+      local listed = {}
+      for j = 1, nk do listed[keys[j].flow] = true end
+      local missing = {}
+      for flow in pairs(disc) do
+        if not listed[flow] then missing[#missing + 1] = flow end
+      end
+      if #missing > 0 then
+        table.sort(missing)
+        local found = {}
+        if not p.complete then found = call_list('ZMSCORE', kk, missing) end
+        for i, flow in ipairs(missing) do
+          local tag = tonumber(found[i])
+          if tag == nil then tag = register_key(X, Q, p.T, flow) end
+          if tag ~= nil then
+            nk = nk + 1
+            keys[nk] = {flow = flow, tag = tag, tie = disc[flow] or math.huge, active = true,
+              weight = 1}
+          end
+        end
       end
     end
-    local weights = key_weights(X, Q, flows)
-    p.keys, p.kf = {}, kf
-    for _, flow in ipairs(flows) do
-      table.insert(p.keys, {flow = flow, tag = math.max(tags[flow], kf.value),
-        tie = p.disc and p.disc[flow] or math.huge, active = true, weight = weights[flow] or 1})
+    local floor = kf.value
+    for j = 1, nk do
+      if keys[j].tag < floor then keys[j].tag = floor end
     end
-    keysets[Q.B .. '|' .. p.T] = {Q = Q, T = p.T, keys = p.keys, kf = kf}
+    if Q.weighted and nk > 0 then
+      local flows = {}
+      for j = 1, nk do flows[j] = keys[j].flow end
+      local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
+      for j = 1, nk do keys[j].weight = tonumber(raw[j]) or 1 end
+    end
+    p.keys, p.kf = keys, kf
+    loaded[#loaded + 1] = p
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
-    if #p.keys == 0 and pair_emptied(p) then drop_pair(p) end
+    if nk == 0 and pair_emptied(p) then drop_pair(p) end
   end
 
   -- A pair's best active key and the next best. A key set of at most KEYS_SCANNED keys is
@@ -707,9 +718,12 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   -- loop puts it back while it stays active). A key that turned inactive is dropped from
   -- the heap when it comes up.
   local function best_key(p)
-    if #p.keys <= KEYS_SCANNED then
+    local keys = p.keys
+    local n = #keys
+    if n <= KEYS_SCANNED then
       local best, second
-      for _, k in ipairs(p.keys) do
+      for j = 1, n do
+        local k = keys[j]
         if k.active then
           if key_better(k, best) then
             best, second = k, best
@@ -739,10 +753,16 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   -- turned inactive or moved its tie).
   local function tie_less(a, b) return a.tie < b.tie end
   local function keys_tie(p, moved)
-    if #p.keys <= KEYS_SCANNED then
+    local keys = p.keys
+    local n = #keys
+    if n <= KEYS_SCANNED then
       local least = math.huge
-      for _, k in ipairs(p.keys) do
-        if k.active and k.tie < least then least = k.tie end
+      for j = 1, n do
+        local k = keys[j]
+        if k.active then
+          local tie = k.tie
+          if tie < least then least = tie end
+        end
       end
       return least
     end
@@ -840,9 +860,12 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     -- pairs compare by their tenant's tag, then the longest-waiting head they are known
     -- to hold (discovery), then names (only to break a tie of equal heads)
     heap = heap_new(function(a, b)
-      if a.hk ~= b.hk then return a.hk < b.hk end
-      if a.ht ~= b.ht then return a.ht < b.ht end
-      if a.T ~= b.T then return a.T < b.T end
+      local x, y = a.hk, b.hk
+      if x ~= y then return x < y end
+      x, y = a.ht, b.ht
+      if x ~= y then return x < y end
+      x, y = a.T, b.T
+      if x ~= y then return x < y end
       return a.Q.name < b.Q.name
     end)
     for _, c in ipairs(plist) do
@@ -1027,22 +1050,23 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
     if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
   end
-  for _, ks in pairs(keysets) do
+  for _, p in ipairs(loaded) do
     -- the keys still in the set (not drained or parked in this call), and its floor
     local args = {}
-    for _, k in ipairs(ks.keys) do
+    for _, k in ipairs(p.keys) do
       if k.touched and not k.gone then
         args[#args + 1] = k.tag
         args[#args + 1] = k.flow
       end
     end
-    if ks.kf.dirty then
-      args[#args + 1] = ks.kf.value
+    local kf = p.kf
+    if kf.dirty then
+      args[#args + 1] = kf.value
       args[#args + 1] = FLOOR_MEMBER
-      ks.kf.dirty = false
+      kf.dirty = false
     end
     if #args > 0 then
-      local kk = tenant_key(ks.Q.B, ks.T, 'keys')
+      local kk = tenant_key(p.Q.B, p.T, 'keys')
       call_chunked('ZADD', kk, args)
       if tick then redis.call('EXPIRE', kk, X.C.state_ttl) end
     end

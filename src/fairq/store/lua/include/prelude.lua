@@ -60,11 +60,12 @@ local function split_member(member)
   return env_id, run
 end
 
+-- A lease member, checked; returns it, its env id and its run id.
 local function arg_member(value)
   if type(value) ~= 'string' then fail('run member must be env:run') end
   local env_id, run = split_member(value)
   if env_id == nil then fail('run member must be org:project:env:run') end
-  return value
+  return value, env_id, run
 end
 
 -- Groups of `size` arguments of `args` from `first` on, checked: returns their count.
