@@ -36,7 +36,7 @@ local env_ids, run_ids = {}, {}
 for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
   local _, env_id, run = arg_member(ARGV[i])
   env_ids[#env_ids + 1], run_ids[#run_ids + 1] = env_id, run
-  arg_int(ARGV[i + 1], 'lease token', 0, 1e15)
+  arg_token(ARGV[i + 1])
   arg_word(ARGV[i + 3], 'status', STATUS_WORDS)
 end
 
@@ -49,7 +49,7 @@ for n = 1, count do
   local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ls', 'ta')
   if not f[1] or acked[member] then -- (its hash is deleted at the end of this call)
     statuses[#statuses + 1] = S.UNKNOWN_RUN
-  elseif f[3] ~= 'running' or tonumber(f[4]) ~= tonumber(ARGV[i + 1]) then
+  elseif f[3] ~= 'running' or not same_token(f[4], ARGV[i + 1]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
     local env_id, run = env_ids[n], run_ids[n]

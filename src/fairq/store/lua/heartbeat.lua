@@ -25,7 +25,7 @@ for r = 0, count - 1 do
   local i = FIRST_ARG + 1 + r * 3
   local progress = ARGV[i + 2]
   if #progress > 1100 then fail('progress is too long') end
-  todo[#todo + 1] = {arg_member(ARGV[i]), arg_int(ARGV[i + 1], 'lease token', 0, 1e15), progress}
+  todo[#todo + 1] = {arg_member(ARGV[i]), arg_token(ARGV[i + 1]), progress}
 end
 local leases = shard_key(tag, 'leases')
 local deadline = C.now + lease_ms
@@ -35,7 +35,7 @@ for _, t in ipairs(todo) do
   local f = redis.call('HMGET', mkey, 'st', 'd', 'cx')
   if not f[1] then
     statuses[#statuses + 1] = S.UNKNOWN_RUN
-  elseif f[1] ~= 'running' or tonumber(f[2]) ~= t[2] then
+  elseif f[1] ~= 'running' or not same_token(f[2], t[2]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
     if t[3] ~= '' then

@@ -29,7 +29,7 @@ Reply
 
 local tag = KEYS[1]
 local member = arg_member(ARGV[FIRST_ARG])
-local token = arg_int(ARGV[FIRST_ARG + 1], 'lease token', 0, 1e15)
+local token = arg_token(ARGV[FIRST_ARG + 1])
 local delay = arg_int(ARGV[FIRST_ARG + 3], 'retry delay', 0, MAX_TIME_MS)
 local retry_at
 if ARGV[FIRST_ARG + 2] == '' then
@@ -48,7 +48,7 @@ local X = state_new(C, tag)
 local mkey = run_key(tag, member)
 local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ta', 'n', 'ls')
 if not f[1] then return {S.UNKNOWN_RUN, 0} end
-if f[3] ~= 'running' or tonumber(f[4]) ~= token then return {S.LEASE_LOST, 0} end
+if f[3] ~= 'running' or not same_token(f[4], token) then return {S.LEASE_LOST, 0} end
 local env_id, run = split_member(member)
 local Q = run_queue(X, env_id, f[1])
 local ck, ta = f[2], f[6] or ''

@@ -23,7 +23,7 @@ local count = arg_groups(ARGV, FIRST_ARG, 2, 'run')
 local todo = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + r * 2
-  todo[#todo + 1] = {arg_member(ARGV[i]), arg_int(ARGV[i + 1], 'lease token', 0, 1e15)}
+  todo[#todo + 1] = {arg_member(ARGV[i]), arg_token(ARGV[i + 1])}
 end
 local X = state_new(C, tag)
 local statuses = {}
@@ -32,7 +32,7 @@ for _, t in ipairs(todo) do
   local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'ta')
   if not f[1] then
     statuses[#statuses + 1] = S.UNKNOWN_RUN
-  elseif f[3] ~= 'running' or tonumber(f[4]) ~= t[2] then
+  elseif f[3] ~= 'running' or not same_token(f[4], t[2]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
     local env_id, run = split_member(t[1])

@@ -46,11 +46,18 @@ local function arg_word(value, name, words)
   fail(name .. ' must be one of ' .. table.concat(words, ', '))
 end
 
--- An environment id: org:project:env.
+-- An environment id: org:project:env. Ids already checked are kept (a bounded number:
+-- a server serves few environments, and the pattern costs more than the lookup).
+local ENV_IDS_SEEN, ENV_IDS_KEPT = {}, 0
+
 local function arg_env(value)
+  if ENV_IDS_SEEN[value] then return value end
   if type(value) ~= 'string' or not string.match(value, '^[^:]+:[^:]+:[^:]+$') then
     fail('env id must be org:project:env')
   end
+  if ENV_IDS_KEPT >= 1024 then ENV_IDS_SEEN, ENV_IDS_KEPT = {}, 0 end
+  ENV_IDS_SEEN[value] = true
+  ENV_IDS_KEPT = ENV_IDS_KEPT + 1
   return value
 end
 
@@ -66,6 +73,22 @@ local function arg_member(value)
   local env_id, run = split_member(value)
   if env_id == nil then fail('run member must be org:project:env:run') end
   return value, env_id, run
+end
+
+-- A lease token (an integer in 0..1e15), checked; returns its text. Plain digits (what
+-- fairq sends) are taken without a number conversion; anything else is checked by arg_int.
+local function arg_token(value)
+  if type(value) == 'string' and #value <= 15 and string.find(value, '^%d+$') then
+    return value
+  end
+  arg_int(value, 'lease token', 0, 1e15)
+  return value
+end
+
+-- Whether a run hash's stored lease token is `token` (text): the texts compared first,
+-- the numbers only when they differ (so '03' is 3).
+local function same_token(stored, token)
+  return stored == token or (stored ~= nil and tonumber(stored) == tonumber(token))
 end
 
 -- Groups of `size` arguments of `args` from `first` on, checked: returns their count.
