@@ -1,0 +1,242 @@
+"""Server instructions per operation, counted by callgrind: deterministic A/B of scripts.
+
+Wall-clock figures on a shared 2-core machine move by ±10 % between identical runs, so a
+change that saves 3 % of a script's work cannot be seen with a timer. This benchmark runs
+the embedded ``valkey-server`` under valgrind's callgrind with instrumentation off, does
+each workload's warm-up (libraries loaded, data enqueued), switches instrumentation on
+for the measured part only, and reports the server's instructions per operation: the
+same figure twice in a row to within 0.1 %, whatever else the machine is doing. It
+counts the server's user-space work (scripts, commands, request parsing), not the
+kernel's (socket system calls), and not the client's.
+
+Workloads (``--workloads``, comma-separated):
+
+* ``trigger``: one awaited ``Task.trigger`` per run, keyless (per op: one run);
+* ``drain``: ``dequeue_batch(10)`` + ``ack`` of a keyless queue, as a worker does (per
+  op: one batch of 10);
+* ``fair:KEYS:TENANTS`` / ``age:KEYS:TENANTS``: dequeue 10 + ack of keyed runs in the
+  fair / age order, KEYS busy keys owned by TENANTS named tenants (0: each key its own),
+  as ``bench/ck_throughput.py --tenants`` (per op: one batch of 10).
+
+``--against REF`` measures the same workloads on a git ref too (checked out into a
+temporary worktree, imported instead of this checkout), and reports REF / this ratios.
+
+    python bench/server_instructions.py [--workloads trigger,drain,fair:1000:100]
+                                        [--n 2000] [--against HEAD~1]
+
+Needs valgrind (Debian package ``valgrind``); prints one JSON document. Not run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import glob
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SCRIPT = os.path.abspath(__file__)
+ROOT = Path(SCRIPT).resolve().parent.parent
+DEFAULT_WORKLOADS = "trigger,drain,fair:1000:100,age:1000:100"
+#: Batches (or triggers) run before instrumentation starts.
+WARM_OPS = 20
+T0 = 1_000_000
+
+
+# --------------------------------------------------------------------------- the client
+
+
+def _instrument(pid: int, on: bool) -> None:
+    subprocess.run(
+        ["callgrind_control", "-i", "on" if on else "off", str(pid)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+async def _noop(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def _client(workload: str, n: int, port: int, pid: int) -> int:
+    """Run one workload against the server on ``port`` (callgrind ``pid``); returns the
+    number of operations measured."""
+    from fairq import Fairq, RetryPolicy, RunQueueConfig
+    from fairq.keys import Environment
+    from fairq.models import EnqueueRequest
+    from fairq.server import connect
+    from fairq.store import RunQueue
+
+    url = f"redis://127.0.0.1:{port}/0"
+    if workload in ("trigger", "drain"):
+        app = Fairq(env="bench:instructions:run", url=url, config=RunQueueConfig())
+        task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
+        runs = WARM_OPS * 10 + n if workload == "drain" else WARM_OPS * 10
+        for i in range(runs):
+            await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}")
+        measured = 0
+        if workload == "trigger":
+            _instrument(pid, True)
+            for i in range(n):
+                await task.trigger({"i": i, "t": 0.0}, run_id=f"r{i}")
+            measured = n
+        else:
+            rq = await app.queue()
+            for i in range(WARM_OPS + n // 10):
+                if i == WARM_OPS:
+                    _instrument(pid, True)
+                batch = await rq.dequeue_batch(10, env=app.env, queues=["noop"])
+                await rq.ack(batch.deliveries)
+                if i >= WARM_OPS:
+                    measured += 1
+        _instrument(pid, False)
+        await app.aclose()
+        return measured
+    order, keys_text, tenants_text = workload.split(":")
+    keys, tenants = int(keys_text), int(tenants_text)
+    config = RunQueueConfig(prefix="bi", default_env_concurrency=100_000)
+    rq = RunQueue(
+        await connect(url), config.with_vtime(enabled=order == "fair"), rng=random.Random(1)
+    )
+    env = Environment("bench", "p", "e")
+    requests = [
+        EnqueueRequest(env, "bench", f"r{i}", {"i": i}, f"k{i % keys}", available_at_ms=T0 + i,
+                       tenant=f"t{i % keys % tenants}" if tenants else None)
+        for i in range(n)
+    ]  # fmt: skip
+    for i in range(0, n, 1000):
+        await rq.enqueue_many(requests[i : i + 1000], now_ms=T0)
+    done = batches = 0
+    while done < n:
+        if batches == WARM_OPS:
+            _instrument(pid, True)
+        batch = await rq.dequeue_from_queue(env, "bench", keyed=True, max_count=10, now_ms=T0 + n)
+        await rq.ack(batch, now_ms=T0 + n)
+        if not batch:
+            break
+        done += len(batch)
+        batches += 1
+    _instrument(pid, False)
+    await rq.close()
+    return batches - WARM_OPS
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(port: int, process: subprocess.Popen[bytes], limit_s: float = 120.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"valkey-server under callgrind exited ({process.returncode})")
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        time.sleep(0.1)
+    raise SystemExit("valkey-server under callgrind did not answer")
+
+
+def measure(source: Path, workload: str, n: int) -> dict[str, Any]:
+    """Instructions per operation of ``workload`` with the fairq of ``source`` (a checkout)."""
+    from fairq.server import valkey_binary
+
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="fairq-instructions-") as work:
+        out = os.path.join(work, "callgrind.out")
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+             str(valkey_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", work],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            _wait_for(port, server)
+            env = dict(os.environ, PYTHONPATH=str(source / "src"))
+            done = subprocess.run(
+                [sys.executable, SCRIPT, "--client", workload, str(n), str(port), str(server.pid)],
+                env=env, cwd=work, check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            ops = int(done.stdout.strip().splitlines()[-1])
+            with contextlib.suppress(Exception):
+                import redis
+
+                redis.Redis(port=port).shutdown(nosave=True)
+            server.wait(timeout=300)
+        finally:
+            if server.poll() is None:
+                server.kill()
+        total = 0
+        for path in glob.glob(out + "*"):
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(("totals:", "summary:")):
+                        total = max(total, int(line.split()[1]))
+    return {"ops": ops, "instructions_per_op": round(total / max(ops, 1))}
+
+
+@contextlib.contextmanager
+def worktree(ref: str) -> Iterator[Path]:
+    """A temporary checkout of ``ref`` (removed afterwards)."""
+    path = Path(tempfile.mkdtemp(prefix="fairq-ref-"))
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), ref],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield path
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+            capture_output=True,
+        )
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        workload, n, port, pid = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+        print(asyncio.run(_client(workload, n, port, pid)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=DEFAULT_WORKLOADS)
+    parser.add_argument("--n", type=int, default=2000, help="runs per workload")
+    parser.add_argument("--against", help="a git ref to measure too (REF / this ratios)")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("needs valgrind (callgrind): apt-get install valgrind")
+    workloads = [w for w in args.workloads.split(",") if w]
+    result: dict[str, Any] = {"n": args.n, "workloads": {}}
+    with contextlib.ExitStack() as stack:
+        sources = {"this": ROOT}
+        if args.against:
+            sources[args.against] = stack.enter_context(worktree(args.against))
+        for workload in workloads:
+            row = {name: measure(path, workload, args.n) for name, path in sources.items()}
+            if args.against:
+                ref = row[args.against]["instructions_per_op"]
+                row["this_over_ref"] = round(row["this"]["instructions_per_op"] / ref, 4)
+            result["workloads"][workload] = row
+            print(workload, json.dumps(row), file=sys.stderr, flush=True)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
