@@ -93,7 +93,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from fairq.errors import InvalidNameError
@@ -284,16 +284,15 @@ class Environment:
     org: str
     project: str
     name: str
+    #: ``org:project:env``: unique, and the input of the shard hash (made once: every
+    #: script call and lease member of the environment spells it).
+    id: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_name("org", self.org)
         validate_name("project", self.project)
         validate_name("env", self.name)
-
-    @property
-    def id(self) -> str:
-        """``org:project:env``: unique, and the input of the shard hash."""
-        return f"{self.org}:{self.project}:{self.name}"
+        object.__setattr__(self, "id", f"{self.org}:{self.project}:{self.name}")
 
     @classmethod
     def parse(cls, text: str) -> Environment:

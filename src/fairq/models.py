@@ -144,14 +144,15 @@ class Delivery:
     keep_outcome: bool = False
     #: The trace context given at enqueue (None = none).
     trace_context: str | None = None
+    #: ``org:project:env:run``: how lease operations name the run (made once).
+    lease_member: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lease_member", f"{self.env.id}:{self.run_id}")
 
     @property
     def payload(self) -> Any:
         return json.loads(self.payload_json)
-
-    @property
-    def lease_member(self) -> str:
-        return f"{self.env.id}:{self.run_id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,6 @@ its next heartbeat).
 from __future__ import annotations
 
 import contextvars
-import threading
 from collections.abc import MutableMapping
 
 from fairq.errors import ConfigurationError
@@ -27,14 +26,19 @@ class RunContext:
         self.tenant = delivery.tenant
         self.attempt = delivery.attempt
         self.lease_token = delivery.lease_token
-        self._cancelled = threading.Event()
+        # set once, by the worker's event loop; read from any thread (a plain task's)
+        self._cancelled = False
         self._progress = progress
         self._delivery = delivery
 
     @property
     def cancelled(self) -> bool:
         """Whether someone asked to cancel this run (plain tasks should check it)."""
-        return self._cancelled.is_set()
+        return self._cancelled
+
+    def _mark_cancelled(self) -> None:
+        """The worker heard a cancel request for this run."""
+        self._cancelled = True
 
     def progress(self, fraction: float, message: str = "") -> None:
         """Report progress (0..1 and a note): kept with the run, sent with the next

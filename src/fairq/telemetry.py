@@ -194,13 +194,20 @@ class RunSpan:
             self.span.set_status(_trace.Status(_trace.StatusCode.ERROR, type(exc).__name__))
 
 
-@contextlib.contextmanager
-def run_span(delivery: Delivery) -> Iterator[RunSpan]:
+def run_span(delivery: Delivery) -> contextlib.AbstractContextManager[RunSpan]:
     """The span of one attempt, current while it runs; linked to its trigger's span when
     the run carries a trace context."""
     if not _tracing():
-        yield RunSpan(None)
-        return
+        return _NO_RUN_SPAN
+    return _consumer_span(delivery)
+
+
+#: What :func:`run_span` gives when nothing traces (reusable: a span of None is a no-op).
+_NO_RUN_SPAN: Final = contextlib.nullcontext(RunSpan(None))
+
+
+@contextlib.contextmanager
+def _consumer_span(delivery: Delivery) -> Iterator[RunSpan]:
     attrs = _attributes(
         delivery.env.id, delivery.queue, delivery.run_id, delivery.concurrency_key,
         delivery.tenant,

@@ -256,7 +256,7 @@ class Worker:
         run = self._inflight.get(task)
         if run is None or run.cancel_at is not None:
             return
-        run.context._cancelled.set()
+        run.context._mark_cancelled()
         run.cancel_at = time.monotonic() + self.cancel_grace
         log.info("run %s: cancellation requested", run.delivery.run_id)
         if self.app.tasks[run.delivery.queue].is_async:
@@ -353,8 +353,14 @@ class Worker:
     def _start(self, delivery: Delivery) -> None:
         self.stats.started += 1
         context = RunContext(delivery, self._progress)
+        # the run's own task, with current_run() set in its context: an async task
+        # function runs right in it (no second task per run)
+        run_context = contextvars.copy_context()
+        run_context.run(_current.set, context)
         task = asyncio.create_task(
-            self._execute(delivery, context), name=f"fairq-run-{delivery.run_id}"
+            self._execute(delivery, context),
+            name=f"fairq-run-{delivery.run_id}",
+            context=run_context,
         )
         self._inflight[task] = _InFlight(delivery, context)
         self._by_member[delivery.lease_member] = task
@@ -416,21 +422,18 @@ class Worker:
     async def _call(
         self,
         task: Task[Any, Any],
-        context: RunContext,
         payload: Any,
         timeout: float | None,  # noqa: ASYNC109 - the run's deadline
     ) -> Any:
-        ctx = contextvars.copy_context()
-        ctx.run(_current.set, context)
+        """Run the task function in the run's task (whose context has current_run() set);
+        a plain function in the executor, with that context."""
         if task.is_async:
-            coro = task.fn(payload)
-            inner = asyncio.create_task(coro, context=ctx)  # type: ignore[arg-type]
-            try:
-                return await asyncio.wait_for(inner, timeout)
-            except asyncio.CancelledError:
-                inner.cancel()
-                raise
+            if timeout is None:
+                return await task.fn(payload)
+            async with asyncio.timeout(timeout):
+                return await task.fn(payload)
         loop = asyncio.get_running_loop()
+        ctx = contextvars.copy_context()
         future = loop.run_in_executor(self._executor, functools.partial(ctx.run, task.fn, payload))
         # the thread cannot be interrupted: at the deadline (or a cancel) the run ends
         # here and the thread is abandoned until the function returns
@@ -448,7 +451,7 @@ class Worker:
         timeout = self._timeout_s(task, delivery)
         try:
             payload = delivery.payload
-            result = await self._call(task, context, payload, timeout)
+            result = await self._call(task, payload, timeout)
         except asyncio.CancelledError:
             if delivery.lease_member in self._abandoned:
                 return
