@@ -530,6 +530,33 @@ async def test_join_policy_behind_leader_starts_one_quantum_behind_the_leader(
         assert (kt["fresh"], (await copies(rq, e))["back"]) == (want, 7.0), cap
 
 
+@pytest.mark.parametrize("where", ["queue", "env"])
+async def test_join_settings_stored_on_the_server_apply_at_enqueue(
+    make_queue: Any, where: str
+) -> None:
+    """The join policy, arrival cap and quantum set on the server (for the queue, or for
+    its environment) decide where an enqueue places a key new to its tenant, over the
+    process defaults (floor, quantum 1): leader 10 + quantum 2 = 12, or at most the
+    arrival cap 2 above the key floor 3 = 5."""
+    for cap, want in ((1000.0, 12.0), (2.0, 5.0)):
+        rq = await fair_queue(make_queue)
+        e = Environment("org1", "proj1", f"{where}{int(cap)}")
+        settings = {"join": "behind_leader", "arrival_cap": cap, "quantum": 2.0}
+        if where == "queue":
+            await rq.set_queue_options(e, QUEUE, **settings)
+        else:
+            await rq.set_env_options(e, **settings)
+        await enq(rq, e, "a", "a0", T0, tenant="acme")
+        await enq(rq, e, "b", "b0", T0 + 1, tenant="acme")
+        q = rq.keys.queue(e, QUEUE)
+        await rq.client.zadd(
+            q.tenant_keys(K.encode_tenant("acme")), {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0}
+        )
+        await set_floor(rq, e, 3.0)
+        await enq(rq, e, "fresh", "f0", T0 + 2, tenant="acme")
+        assert (await tenant_keys(rq, e, QUEUE, "acme"))["fresh"] == want, (where, cap)
+
+
 async def test_join_policy_floor_is_the_default(make_queue: Any) -> None:
     rq: RunQueue = await make_queue(vtime={"enabled": True})
     assert rq.config.vtime.join_policy == "floor"

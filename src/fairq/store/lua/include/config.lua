@@ -107,26 +107,40 @@ local function config_read(X, V, env_id, queues)
   return env, by_name
 end
 
--- The few options an age-order enqueue reads (its size limit, order and named flag) in a
--- 5-field HMGET: a queue context with only those settings (same fallbacks as
--- queue_config: the queue's, else the environment's, else the process default).
--- The field names are kept per queue name (a bounded number, as config_fields does).
+-- The few options an enqueue reads, in one small HMGET instead of the queue's whole
+-- config: its size limit, order and named flag; with `joining` (the fair build) also
+-- what registering a new tenant or key needs (parked flag, join policy, quantum,
+-- arrival cap). A queue context with only those settings, by the same fallbacks as
+-- queue_config (the queue's, else the environment's, else the process default). The
+-- field lists are kept per queue name (a bounded number, as config_fields does).
 -- Returns env, {name -> queue}.
 local ENQUEUE_FIELDS, ENQUEUE_FIELDS_CACHED = {}, 0
 
-local function enqueue_config_read(X, V, env_id, name)
-  local C = X.C
-  local fields = ENQUEUE_FIELDS[name]
+local function enqueue_fields(name, joining)
+  local id = joining and ('+' .. name) or name -- queue names never start with '+'
+  local fields = ENQUEUE_FIELDS[id]
   if fields == nil then
     fields = {'max_queue_size', 'order', config_field(name, 'max_size'),
       config_field(name, 'order'), config_field(name, 'named')}
+    if joining then
+      for _, option in ipairs({'join', 'quantum', 'arrival_cap'}) do
+        fields[#fields + 1] = option
+        fields[#fields + 1] = config_field(name, option)
+      end
+      fields[#fields + 1] = config_field(name, 'parked')
+    end
     if ENQUEUE_FIELDS_CACHED >= CONFIG_FIELDS_CACHE_SIZE then
       ENQUEUE_FIELDS, ENQUEUE_FIELDS_CACHED = {}, 0
     end
-    ENQUEUE_FIELDS[name] = fields
+    ENQUEUE_FIELDS[id] = fields
     ENQUEUE_FIELDS_CACHED = ENQUEUE_FIELDS_CACHED + 1
   end
-  local raw = redis.call('HMGET', env_key(V, 'config'), unpack(fields))
+  return fields
+end
+
+local function enqueue_config_read(X, V, env_id, name, joining)
+  local C = X.C
+  local raw = redis.call('HMGET', env_key(V, 'config'), unpack(enqueue_fields(name, joining)))
   local env = {
     V = V, env_id = env_id,
     max_queue_size = option_value('int', raw[1]) or C.default_queue_size_limit,
@@ -137,6 +151,15 @@ local function enqueue_config_read(X, V, env_id, name)
     order = option_value('word', raw[4]) or option_value('word', raw[2]) or C.default_order,
     named = option_value('flag', raw[5]) or false,
   }
+  if joining then
+    -- raw[6..11]: join, quantum, arrival_cap, each the env's then the queue's; raw[12]
+    Q.join = option_value('word', raw[7]) or option_value('word', raw[6]) or C.default_join
+    Q.quantum = option_value('float', raw[9]) or option_value('float', raw[8])
+      or C.default_quantum
+    Q.arrival_cap = option_value('float', raw[11]) or option_value('float', raw[10])
+      or C.default_arrival_cap
+    Q.parked = option_value('flag', raw[12]) or false
+  end
   return env, {[name] = Q}
 end
 

@@ -428,9 +428,9 @@ HOOK.finish = function(X) end
 
 HOOK.needs_fair = function(by_name) return false end
 
--- The fair order's enqueue hooks read the queue's whole config (parking, weights, join).
+-- The fair order's enqueue hooks also read the queue's parked flag and join settings.
 HOOK.enqueue_config = function(X, V, env_id, queue)
-  return config_read(X, V, env_id, {queue})
+  return enqueue_config_read(X, V, env_id, queue, true)
 end
 
 -- ------------------------------------------------------------------ the fair serve
