@@ -69,25 +69,20 @@ end
 -- queue names and kept by the library (the names are constants of the callers, and a
 -- bounded number of lists is kept: building 33 fields per queue cost more per call than
 -- the HMGET itself).
-local CONFIG_FIELDS, CONFIG_FIELDS_CACHED = {}, 0
-local CONFIG_FIELDS_CACHE_SIZE = 256
+local CONFIG_FIELDS = memo_new(256)
 
-local function config_fields(queues)
-  local id = table.concat(queues, ':') -- names never contain ':'
-  local fields = CONFIG_FIELDS[id]
-  if fields == nil then
-    fields = {}
-    for _, name in ipairs(ENV_OPTIONS) do fields[#fields + 1] = name end
-    for _, q in ipairs(queues) do
-      for _, option in ipairs(QUEUE_OPTIONS) do fields[#fields + 1] = config_field(q, option) end
-    end
-    if CONFIG_FIELDS_CACHED >= CONFIG_FIELDS_CACHE_SIZE then
-      CONFIG_FIELDS, CONFIG_FIELDS_CACHED = {}, 0
-    end
-    CONFIG_FIELDS[id] = fields
-    CONFIG_FIELDS_CACHED = CONFIG_FIELDS_CACHED + 1
+-- `id`: the queue names joined by ':' (names never contain ':').
+local function all_config_fields(id)
+  local fields = {}
+  for _, name in ipairs(ENV_OPTIONS) do fields[#fields + 1] = name end
+  for q in string.gmatch(id, '[^:]+') do
+    for _, option in ipairs(QUEUE_OPTIONS) do fields[#fields + 1] = config_field(q, option) end
   end
   return fields
+end
+
+local function config_fields(queues)
+  return memo_get(CONFIG_FIELDS, table.concat(queues, ':'), all_config_fields)
 end
 
 -- The environment and the listed queues, in one HMGET. Returns env, {name -> queue}.
@@ -114,28 +109,26 @@ end
 -- queue_config (the queue's, else the environment's, else the process default). The
 -- field lists are kept per queue name (a bounded number, as config_fields does).
 -- Returns env, {name -> queue}.
-local ENQUEUE_FIELDS, ENQUEUE_FIELDS_CACHED = {}, 0
+local ENQUEUE_FIELDS = memo_new(256)
 
-local function enqueue_fields(name, joining)
-  local id = joining and ('+' .. name) or name -- queue names never start with '+'
-  local fields = ENQUEUE_FIELDS[id]
-  if fields == nil then
-    fields = {'max_queue_size', 'order', config_field(name, 'max_size'),
-      config_field(name, 'order'), config_field(name, 'named')}
-    if joining then
-      for _, option in ipairs({'join', 'quantum', 'arrival_cap'}) do
-        fields[#fields + 1] = option
-        fields[#fields + 1] = config_field(name, option)
-      end
-      fields[#fields + 1] = config_field(name, 'parked')
+-- `id`: the queue name, with a leading '+' when joining (queue names never start so).
+local function enqueue_field_list(id)
+  local joining = string.sub(id, 1, 1) == '+'
+  local name = joining and string.sub(id, 2) or id
+  local fields = {'max_queue_size', 'order', config_field(name, 'max_size'),
+    config_field(name, 'order'), config_field(name, 'named')}
+  if joining then
+    for _, option in ipairs({'join', 'quantum', 'arrival_cap'}) do
+      fields[#fields + 1] = option
+      fields[#fields + 1] = config_field(name, option)
     end
-    if ENQUEUE_FIELDS_CACHED >= CONFIG_FIELDS_CACHE_SIZE then
-      ENQUEUE_FIELDS, ENQUEUE_FIELDS_CACHED = {}, 0
-    end
-    ENQUEUE_FIELDS[id] = fields
-    ENQUEUE_FIELDS_CACHED = ENQUEUE_FIELDS_CACHED + 1
+    fields[#fields + 1] = config_field(name, 'parked')
   end
   return fields
+end
+
+local function enqueue_fields(name, joining)
+  return memo_get(ENQUEUE_FIELDS, joining and ('+' .. name) or name, enqueue_field_list)
 end
 
 local function enqueue_config_read(X, V, env_id, name, joining)

@@ -46,18 +46,37 @@ local function arg_word(value, name, words)
   fail(name .. ' must be one of ' .. table.concat(words, ', '))
 end
 
--- An environment id: org:project:env. Ids already checked are kept (a bounded number:
--- a server serves few environments, and the pattern costs more than the lookup).
-local ENV_IDS_SEEN, ENV_IDS_KEPT = {}, 0
+-- A memo kept by the library across calls: values made once per key (a queue name, a
+-- shard tag, an env id: few in practice), all forgotten at once when it holds `size`.
+local function memo_new(size)
+  return {values = {}, n = 0, size = size}
+end
 
-local function arg_env(value)
-  if ENV_IDS_SEEN[value] then return value end
+-- The value of `key`, made by make(key) on first need.
+local function memo_get(m, key, make)
+  local v = m.values[key]
+  if v == nil then
+    v = make(key)
+    if m.n >= m.size then m.values, m.n = {}, 0 end
+    m.values[key] = v
+    m.n = m.n + 1
+  end
+  return v
+end
+
+-- An environment id: org:project:env. Ids already checked are kept (the pattern costs
+-- more than the lookup).
+local ENV_IDS_CHECKED = memo_new(1024)
+
+local function env_id_checked(value)
   if type(value) ~= 'string' or not string.match(value, '^[^:]+:[^:]+:[^:]+$') then
     fail('env id must be org:project:env')
   end
-  if ENV_IDS_KEPT >= 1024 then ENV_IDS_SEEN, ENV_IDS_KEPT = {}, 0 end
-  ENV_IDS_SEEN[value] = true
-  ENV_IDS_KEPT = ENV_IDS_KEPT + 1
+  return true
+end
+
+local function arg_env(value)
+  memo_get(ENV_IDS_CHECKED, value, env_id_checked)
   return value
 end
 

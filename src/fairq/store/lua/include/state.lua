@@ -48,18 +48,16 @@ local function state_peek(X, name)
   return rawget(X, name) or STATE_NONE
 end
 
--- The shard-wide keys every script uses, per shard tag (a server holds few shards).
-local SHARD_COMMON, SHARD_COMMON_CACHED = {}, 0
+-- The shard-wide keys every script uses, per shard tag.
+local SHARD_COMMON = memo_new(1024)
+
+local function shard_common(tag)
+  return {shard_key(tag, 'heads'), shard_key(tag, 'leases'), shard_key(tag, 'ttl')}
+end
 
 local function state_new(C, tag)
   if getmetatable(STATE_NONE) == nil then setmetatable(STATE_NONE, STATE_NONE_META) end
-  local common = SHARD_COMMON[tag]
-  if common == nil then
-    common = {shard_key(tag, 'heads'), shard_key(tag, 'leases'), shard_key(tag, 'ttl')}
-    if SHARD_COMMON_CACHED >= 1024 then SHARD_COMMON, SHARD_COMMON_CACHED = {}, 0 end
-    SHARD_COMMON[tag] = common
-    SHARD_COMMON_CACHED = SHARD_COMMON_CACHED + 1
-  end
+  local common = memo_get(SHARD_COMMON, tag, shard_common)
   return setmetatable({
     C = C,
     tag = tag,
