@@ -55,15 +55,21 @@ def state(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
+def _freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (until then the SIGSTOP itself shows
+    as pending, and a loaded machine can take a while to deliver it)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while "T (stopped)" not in Path(f"/proc/{pid}/status").read_text():
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.01)
+
+
 def _stopped_decoy() -> subprocess.Popen[bytes]:
     """A ``sleep 60`` frozen with SIGSTOP: a signal sent to it stays pending (visible in
     /proc), so "it was never signalled" is checked exactly, without waiting."""
     decoy = subprocess.Popen(["sleep", "60"])
-    os.kill(decoy.pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while "T (stopped)" not in Path(f"/proc/{decoy.pid}/status").read_text():
-        assert time.monotonic() < deadline, "sleep did not stop"
-        time.sleep(0.01)
+    _freeze(decoy.pid)
     return decoy
 
 
@@ -229,7 +235,7 @@ def test_a_valkey_server_on_another_socket_is_never_signalled(state: Path) -> No
     with EmbeddedServer(unix_socket=state.parent / "other.sock") as other:
         assert other.process is not None
         pid = other.process.pid
-        os.kill(pid, signal.SIGSTOP)
+        _freeze(pid)
         try:
             _write(state, json.dumps(_state_naming(state, pid)))
             assert fq_server.stop_shared().stopped is False
@@ -325,7 +331,7 @@ def test_a_server_that_no_longer_answers_gets_sigterm_only_after_the_proc_check(
     status = fq_server.shared_server_status()
     assert status is not None
     pid = int(status["pid"])
-    os.kill(pid, signal.SIGSTOP)
+    _freeze(pid)
     try:
         with pytest.raises(EmbeddedServerError, match="did not exit"):
             fq_server.stop_shared(timeout=0.2)
