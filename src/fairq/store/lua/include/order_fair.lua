@@ -69,7 +69,8 @@ local TICK = 8
 --- How many entries of a tenant's key set a dequeue reads at least (a set this small is
 --- read whole: the call then knows when the tenant's last key leaves).
 local KEYS_LOADED = 16
---- A key set this small is scanned for its best key (no heap).
+--- A key set this small is scanned for its best key (no heap); so is a bigger one the
+--- first time its tenant is served in a call (most tenants are served once per call).
 local KEYS_SCANNED = 16
 --- At most this many gather-and-serve rounds per call (each round after the first needs
 --- the previous one to have parked something).
@@ -472,7 +473,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     if p == nil then
       -- every field a simple pair will use, so its table is sized once
       p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
-        simple = false}
+        simple = false, picks = 0}
       of_queue[T] = p
       local i = #plist + 1
       plist[i] = p
@@ -713,14 +714,16 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   end
 
   -- A pair's best active key and the next best. A key set of at most KEYS_SCANNED keys is
-  -- scanned (no heap to build: most pairs serve once or twice per call); a bigger one
-  -- has a heap, built on first use, from which the best key is taken out (the serve
-  -- loop puts it back while it stays active). A key that turned inactive is dropped from
-  -- the heap when it comes up.
+  -- scanned (no heap to build: most pairs serve once or twice per call), and so is a
+  -- bigger one at the pair's first pick in the call; from its second pick on, a bigger
+  -- one has a heap, built then from its keys as they are, from which the best key is
+  -- taken out (the serve loop puts it back while it stays active). A key that turned
+  -- inactive is dropped from the heap when it comes up.
   local function best_key(p)
     local keys = p.keys
     local n = #keys
-    if n <= KEYS_SCANNED then
+    p.picks = p.picks + 1
+    if n <= KEYS_SCANNED or p.picks == 1 then
       local best, second
       for j = 1, n do
         local k = keys[j]
@@ -749,13 +752,13 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   end
 
   -- The least `tie` (longest-waiting known head) of a pair's active keys: scanned in a
-  -- small key set, else from a heap of {key, tie} snapshots (one is stale once its key
-  -- turned inactive or moved its tie).
+  -- small key set or at the pair's first pick, else from a heap of {key, tie} snapshots
+  -- (one is stale once its key turned inactive or moved its tie).
   local function tie_less(a, b) return a.tie < b.tie end
   local function keys_tie(p, moved)
     local keys = p.keys
     local n = #keys
-    if n <= KEYS_SCANNED then
+    if n <= KEYS_SCANNED or p.picks == 1 then
       local least = math.huge
       for j = 1, n do
         local k = keys[j]
