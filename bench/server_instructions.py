@@ -135,12 +135,6 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
 # --------------------------------------------------------------------------- the server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_for(port: int, process: subprocess.Popen[bytes], limit_s: float = 120.0) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
@@ -155,15 +149,16 @@ def _wait_for(port: int, process: subprocess.Popen[bytes], limit_s: float = 120.
 
 def measure(source: Path, workload: str, n: int) -> dict[str, Any]:
     """Instructions per operation of ``workload`` with the fairq of ``source`` (a checkout)."""
-    from fairq.server import valkey_binary
+    from fairq.server import EmbeddedServer, free_port
 
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="fairq-instructions-") as work:
         out = os.path.join(work, "callgrind.out")
+        # the embedded server's own command line (a scratch server), run under callgrind
+        valkey = EmbeddedServer(port=port, data_dir=Path(work)).command()
         server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-             str(valkey_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", work],
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+             f"--callgrind-out-file={out}", *valkey],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:

@@ -28,7 +28,7 @@ Reply
 --@include order
 
 local tag = KEYS[1]
-local member = arg_member(ARGV[FIRST_ARG])
+local member, env_id, run = arg_member(ARGV[FIRST_ARG])
 local token = arg_token(ARGV[FIRST_ARG + 1])
 local delay = arg_int(ARGV[FIRST_ARG + 3], 'retry delay', 0, MAX_TIME_MS)
 local retry_at
@@ -49,7 +49,6 @@ local mkey = run_key(tag, member)
 local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ta', 'n', 'ls')
 if not f[1] then return {S.UNKNOWN_RUN, 0} end
 if f[3] ~= 'running' or not same_token(f[4], token) then return {S.LEASE_LOST, 0} end
-local env_id, run = split_member(member)
 local Q = run_queue(X, env_id, f[1])
 local ck, ta = f[2], f[6] or ''
 local attempt = tonumber(f[5]) + increment

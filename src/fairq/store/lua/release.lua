@@ -23,7 +23,8 @@ local count = arg_groups(ARGV, FIRST_ARG, 2, 'run')
 local todo = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + r * 2
-  todo[#todo + 1] = {arg_member(ARGV[i]), arg_token(ARGV[i + 1])}
+  local member, env_id, run = arg_member(ARGV[i])
+  todo[#todo + 1] = {member, arg_token(ARGV[i + 1]), env_id, run}
 end
 local X = state_new(C, tag)
 local statuses = {}
@@ -35,8 +36,7 @@ for _, t in ipairs(todo) do
   elseif f[3] ~= 'running' or not same_token(f[4], t[2]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
-    local env_id, run = split_member(t[1])
-    local removed = free_slots(X, run_queue(X, env_id, f[1]), f[2], run, f[5] or '')
+    local removed = free_slots(X, run_queue(X, t[3], f[1]), f[2], t[4], f[5] or '')
     if removed == 1 then redis.call('HSET', mkey, 'ta', '') end
     statuses[#statuses + 1] = removed == 1 and S.RELEASED or S.NOT_HELD
   end

@@ -71,18 +71,18 @@ end
 -- the HMGET itself).
 local CONFIG_FIELDS = memo_new(256)
 
--- `id`: the queue names joined by ':' (names never contain ':').
-local function all_config_fields(id)
+local function all_config_fields(queues)
   local fields = {}
   for _, name in ipairs(ENV_OPTIONS) do fields[#fields + 1] = name end
-  for q in string.gmatch(id, '[^:]+') do
+  for _, q in ipairs(queues) do
     for _, option in ipairs(QUEUE_OPTIONS) do fields[#fields + 1] = config_field(q, option) end
   end
   return fields
 end
 
 local function config_fields(queues)
-  return memo_get(CONFIG_FIELDS, table.concat(queues, ':'), all_config_fields)
+  -- kept by the names joined (names never contain ':')
+  return memo_get(CONFIG_FIELDS, table.concat(queues, ':'), all_config_fields, queues)
 end
 
 -- The environment and the listed queues, in one HMGET. Returns env, {name -> queue}.
@@ -111,10 +111,7 @@ end
 -- Returns env, {name -> queue}.
 local ENQUEUE_FIELDS = memo_new(256)
 
--- `id`: the queue name, with a leading '+' when joining (queue names never start so).
-local function enqueue_field_list(id)
-  local joining = string.sub(id, 1, 1) == '+'
-  local name = joining and string.sub(id, 2) or id
+local function enqueue_field_list(name, joining)
   local fields = {'max_queue_size', 'order', config_field(name, 'max_size'),
     config_field(name, 'order'), config_field(name, 'named')}
   if joining then
@@ -128,7 +125,9 @@ local function enqueue_field_list(id)
 end
 
 local function enqueue_fields(name, joining)
-  return memo_get(ENQUEUE_FIELDS, joining and ('+' .. name) or name, enqueue_field_list)
+  -- kept by the name, '+' first when joining (queue names never start with '+')
+  return memo_get(ENQUEUE_FIELDS, joining and ('+' .. name) or name, enqueue_field_list, name,
+    joining)
 end
 
 local function enqueue_config_read(X, V, env_id, name, joining)

@@ -52,11 +52,11 @@ local function memo_new(size)
   return {values = {}, n = 0, size = size}
 end
 
--- The value of `key`, made by make(key) on first need.
-local function memo_get(m, key, make)
+-- The value of `key`, made by make(a, b) on first need.
+local function memo_get(m, key, make, a, b)
   local v = m.values[key]
   if v == nil then
-    v = make(key)
+    v = make(a, b)
     if m.n >= m.size then m.values, m.n = {}, 0 end
     m.values[key] = v
     m.n = m.n + 1
@@ -76,7 +76,7 @@ local function env_id_checked(value)
 end
 
 local function arg_env(value)
-  memo_get(ENV_IDS_CHECKED, value, env_id_checked)
+  memo_get(ENV_IDS_CHECKED, value, env_id_checked, value)
   return value
 end
 

@@ -57,7 +57,7 @@ end
 
 local function state_new(C, tag)
   if getmetatable(STATE_NONE) == nil then setmetatable(STATE_NONE, STATE_NONE_META) end
-  local common = memo_get(SHARD_COMMON, tag, shard_common)
+  local common = memo_get(SHARD_COMMON, tag, shard_common, tag)
   return setmetatable({
     C = C,
     tag = tag,
