@@ -702,18 +702,28 @@ async def realistic_workload(rq: RunQueue, env: Environment, now: int) -> None:
     await rq.dequeue_from_queue(staging, "video/encode", keyed=True, max_count=3, now_ms=now)
 
 
-@pytest.mark.skipif(
-    not os.environ.get("FAIRQ_DASHBOARD_SCREENSHOT"), reason="set FAIRQ_DASHBOARD_SCREENSHOT=path"
-)
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG file (from its IHDR chunk)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
 async def test_render_the_readme_screenshot(
     chromium: Path, make_queue: MakeQueue, redis_url: str, tmp_path: Path
 ) -> None:
-    from playwright.async_api import async_playwright
+    """The README's screenshot shows the workload: the queue's counts as the store reads
+    them, every tenant's variant (hooli at weight 2) and the served share of each tenant.
+    Written to FAIRQ_DASHBOARD_SCREENSHOT when set (docs/dashboard.png), else to a
+    scratch file."""
+    from playwright.async_api import async_playwright, expect
 
     rq = await make_queue(vtime={"enabled": True})
     env = Environment("acme", "media", "prod")
     await realistic_workload(rq, env, wall_clock_ms())
-    target = Path(os.environ["FAIRQ_DASHBOARD_SCREENSHOT"])
+    stats = await rq.queue_stats(env, "video/encode")
+    tenants = ["acme", *LIGHT_TENANTS]
+    target = Path(os.environ.get("FAIRQ_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
     with ThreadedDashboard(redis_url, rq.config) as dash:
         async with async_playwright() as pw:
             browser = await pw.chromium.launch_persistent_context(
@@ -724,9 +734,28 @@ async def test_render_the_readme_screenshot(
                 page = await browser.new_page()
                 await page.goto(f"{dash.url}/queues/{env.id}/video/encode")
                 await refreshed(page)
+                tiles = page.locator("#tiles")
+                await expect(tiles.locator('[data-field="queued"]')).to_have_text(str(stats.queued))
+                await expect(tiles.locator('[data-field="running"]')).to_have_text(
+                    str(stats.running)
+                )
+                await expect(tiles.locator('[data-field="order"]')).to_have_text("fair")
+                # umbrella's last runs came at step 120 of 150 and were served at once
+                # (the fair order): every other tenant still has runs
+                variants = page.locator("#variants tbody tr")
+                assert sorted(await variants.evaluate_all(
+                    "rows => rows.map(r => r.dataset.key)"
+                )) == sorted(set(tenants) - {"umbrella"})  # fmt: skip
+                hooli = page.locator('#variants tr[data-key="hooli"] [data-field="weight"]')
+                await expect(hooli).to_have_text("2")
+                legend = page.locator("#legend .lk")
+                await expect(legend).to_have_count(len(tenants))
+                assert sorted(await legend.all_inner_texts()) == sorted(tenants)
                 await page.screenshot(path=str(target), full_page=True)
             finally:
                 await browser.close()
+    width, height = png_size(target)
+    assert width == 1280 and height >= 760, (width, height)
 
 
 async def test_a_token_less_dashboard_answers_loopback_host_names_only(make_queue: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
@@ -13,13 +14,19 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from fairq.errors import ConnectionLostError
 from fairq.keys import Environment
 from fairq.server import connect, is_cluster_url
 from fairq.store import RunQueue
-from fairq.store.wire import ScriptWire, WireAddress, script_wire
+from fairq.store.wire import (
+    ERRORS_BY_CODE,
+    ERRORS_BY_ERR_MESSAGE,
+    ScriptWire,
+    WireAddress,
+    script_wire,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -88,6 +95,38 @@ async def test_replies_and_errors_are_those_of_redis_py(
         assert type(ours_raised.value) is type(theirs_raised.value)
         assert str(ours_raised.value) == str(theirs_raised.value)
     # after the errors the connection still pairs replies with their calls
+    assert await wire.execute_command("ECHO", "still in step") == b"still in step"
+
+
+#: Error replies a script can send, one for every entry of the wire's tables and others.
+ERROR_REPLIES = [
+    *(f"{code} the server says no" for code in ERRORS_BY_CODE),
+    *(f"ERR {message}" for message in ERRORS_BY_ERR_MESSAGE),
+    "ERR something else",
+    "WRONGTYPE Operation against a key holding the wrong kind of value",
+    "FQ12 refused",
+]
+
+
+async def raised(call: Awaitable[Any]) -> RedisError:
+    """The error a call raised (failing the test when it raised none)."""
+    try:
+        await call
+    except RedisError as exc:
+        return exc
+    raise AssertionError("no error raised")
+
+
+async def test_every_error_reply_raises_what_redis_py_raises(client: Any, wire: ScriptWire) -> None:
+    """The wire's own table of error codes (redis-py's parser is private) gives the
+    exception type and message redis-py's connection gives for the same reply."""
+    for reply in ERROR_REPLIES:
+        script = ("EVAL", f"return redis.error_reply('{reply}')", 0)
+        ours, theirs = (
+            await raised(wire.execute_command(*script)),
+            await raised(raw(client, *script)),
+        )
+        assert (type(ours), str(ours)) == (type(theirs), str(theirs)), reply
     assert await wire.execute_command("ECHO", "still in step") == b"still in step"
 
 

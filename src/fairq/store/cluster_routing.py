@@ -6,6 +6,14 @@ list) to a node, twice, and does so outside its retry loop (a restarted node the
 the call instead of being retried). ``FCALL``'s keys are plainly ``args[3 : 3 + numkeys]``
 (as ``EVALSHA``'s, which redis-py special-cases), so :func:`route_fcall_by_keys` gives
 the client a commands parser that reads them from the arguments.
+
+The commands parser is a private part of redis-py (``redis._parsers``): redis-py offers no
+public way to tell its cluster client where a command's keys are (``target_nodes`` gives
+up the client's retries, and a ``MOVED`` reply is re-routed through the parser anyway).
+Its interface (``commands``, ``node``, ``get_keys(*args)``) is the same from redis-py 5.0
+to 8.1; pyproject.toml caps redis-py below the first release not tested, and
+``tests/integration/test_cluster_routing.py`` (no ``COMMAND GETKEYS`` per script call) is
+the test to run before raising the cap.
 """
 
 from __future__ import annotations

@@ -29,9 +29,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import hiredis
-from redis._parsers.base import BaseParser
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    ExecAbortError,
+    MasterDownError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -84,6 +94,37 @@ def wire_address(client: Any) -> WireAddress | None:
     )
 
 
+#: The exception redis-py raises for an error reply, by the reply's first word (a server,
+#: not a cluster: the wire never serves one). Other replies are a ResponseError.
+ERRORS_BY_CODE: dict[str, type[RedisError]] = {
+    "OOM": OutOfMemoryError,
+    "LOADING": BusyLoadingError,
+    "NOSCRIPT": NoScriptError,
+    "READONLY": ReadOnlyError,
+    "MASTERDOWN": MasterDownError,
+    "EXECABORT": ExecAbortError,
+    "NOAUTH": AuthenticationError,
+    "WRONGPASS": AuthenticationError,
+    "NOPERM": NoPermissionError,
+}
+
+#: The ``ERR`` replies redis-py raises as something other than a ResponseError.
+ERRORS_BY_ERR_MESSAGE: dict[str, type[RedisError]] = {
+    "invalid password": AuthenticationError,
+    "max number of clients reached": RedisConnectionError,
+}
+
+
+def error_of_reply(reply: str) -> RedisError:
+    """The exception for an error reply, as redis-py's own parser makes it: the message
+    without its code, except for a plain ``ResponseError``, whose message is all of it."""
+    code, _, message = reply.partition(" ")
+    kind = ERRORS_BY_ERR_MESSAGE.get(message) if code == "ERR" else ERRORS_BY_CODE.get(code)
+    if kind is not None:
+        return kind(message)
+    return ResponseError(message if code == "ERR" else reply)
+
+
 class _Protocol(asyncio.Protocol):
     """One connection: commands out as they come, replies matched to them in order."""
 
@@ -112,7 +153,7 @@ class _Protocol(asyncio.Protocol):
             if future.done():  # its caller was cancelled; the reply is consumed anyway
                 continue
             if isinstance(reply, hiredis.ReplyError):
-                future.set_exception(BaseParser.parse_error(str(reply)))  # type: ignore[no-untyped-call]
+                future.set_exception(error_of_reply(str(reply)))
             else:
                 future.set_result(reply)
 
