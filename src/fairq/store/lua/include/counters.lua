@@ -43,33 +43,34 @@ end
 
 -- The counter's value now (seeded from the truth when the key is missing).
 local function counter_get(X, key, seed)
-  local v = X.cval[key]
+  local v = X.counter_value[key]
   if v ~= nil then return v end
   local raw = redis.call('GET', key)
   if raw then
-    v = tonumber(raw) + (X.cdelta[key] or 0)
+    v = tonumber(raw) + (X.counter_delta[key] or 0)
   else
-    v = seed() -- nothing of this script is applied yet: cdelta is still pending
+    v = seed() -- nothing of this script is applied yet: counter_delta is still pending
     redis.call('SET', key, v, 'EX', X.C.counter_ttl)
-    v = v + (X.cdelta[key] or 0)
+    v = v + (X.counter_delta[key] or 0)
   end
   if v < 0 then v = 0 end
-  X.cval[key] = v
-  X.cseed[key] = seed
+  X.counter_value[key] = v
+  X.counter_seed[key] = seed
   return v
 end
 
 local function counter_add(X, key, delta, seed)
-  X.cdelta[key] = (X.cdelta[key] or 0) + delta
-  X.cseed[key] = seed
-  if X.cval[key] ~= nil then X.cval[key] = math.max(0, X.cval[key] + delta) end
+  X.counter_delta[key] = (X.counter_delta[key] or 0) + delta
+  X.counter_seed[key] = seed
+  local value = X.counter_value[key]
+  if value ~= nil then X.counter_value[key] = math.max(0, value + delta) end
 end
 
 -- Queued / running across the variants of B (reads; seeds when missing).
 local function ck_queued(X, B, V, env_id, queue)
   local key = queue_key(B, 'ck_queued_counter')
-  if X.cval[key] == nil and redis.call('EXISTS', queue_key(B, 'ck_index')) == 0
-      and (X.cdelta[key] or 0) == 0 then
+  if X.counter_value[key] == nil and redis.call('EXISTS', queue_key(B, 'ck_index')) == 0
+      and (X.counter_delta[key] or 0) == 0 then
     return 0 -- a queue that never had a keyed run has no counter
   end
   return counter_get(X, key, counter_seeds(X, B, V, env_id, queue)[key])
@@ -108,55 +109,54 @@ end
 -- Slot holders of a named tenant in B now (pre-script value plus this script's deltas).
 local function tenant_running(X, B, V, env_id, queue, tenant)
   local key = queue_key(B, 'tenant_running')
-  local base = X.trval[key]
+  local base = X.tenant_running_base[key]
   if base == nil then
     base = {}
-    X.trval[key] = base
+    X.tenant_running_base[key] = base
     if redis.call('EXISTS', key) == 0 then
       for t, n in pairs(tenant_running_seed(X, B, V, env_id, queue)) do base[t] = n end
-      X.trseen[key] = true
+      X.tenant_running_seeded[key] = true
     end
   end
   local v = base[tenant]
   if v == nil then
-    v = X.trseen[key] and 0 or tonumber(redis.call('HGET', key, tenant) or '0')
+    v = X.tenant_running_seeded[key] and 0 or tonumber(redis.call('HGET', key, tenant) or '0')
     base[tenant] = v
   end
-  local deltas = X.trdelta[key]
+  local deltas = X.tenant_running_delta[key]
   return math.max(0, v + (deltas and deltas[tenant] or 0))
 end
 
 local function tenant_running_add(X, B, V, env_id, queue, tenant, delta)
   local key = queue_key(B, 'tenant_running')
-  local deltas = X.trdelta[key]
+  local deltas = X.tenant_running_delta[key]
   if deltas == nil then
     deltas = {}
-    X.trdelta[key] = deltas
-    X.trseed = X.trseed or {}
-    X.trseed[key] = {B, V, env_id, queue}
+    X.tenant_running_delta[key] = deltas
+    X.tenant_running_queue[key] = {B = B, V = V, env_id = env_id, queue = queue}
   end
   deltas[tenant] = (deltas[tenant] or 0) + delta
 end
 
 local function counters_flush(X)
-  for key, delta in pairs(state_peek(X, 'cdelta')) do
+  for key, delta in pairs(state_peek(X, 'counter_delta')) do
     if delta ~= 0 then
       local v = redis.call('INCRBY', key, delta)
       if v < 0 or (delta > 0 and v <= delta) then
         if redis.call('TTL', key) == -1 then
           -- it was missing: seed from the truth, which already holds this script's changes
-          redis.call('SET', key, X.cseed[key](), 'EX', X.C.counter_ttl)
+          redis.call('SET', key, X.counter_seed[key](), 'EX', X.C.counter_ttl)
         elseif v < 0 then
           redis.call('SET', key, 0, 'KEEPTTL')
         end
       end
     end
   end
-  for key, deltas in pairs(state_peek(X, 'trdelta')) do
+  for key, deltas in pairs(state_peek(X, 'tenant_running_delta')) do
     local missing = redis.call('EXISTS', key) == 0
     if missing then
-      local s = X.trseed[key]
-      tenant_running_seed(X, s[1], s[2], s[3], s[4])
+      local q = X.tenant_running_queue[key]
+      tenant_running_seed(X, q.B, q.V, q.env_id, q.queue)
     else
       for tenant, delta in pairs(deltas) do
         if delta ~= 0 and redis.call('HINCRBY', key, tenant, delta) < 0 then

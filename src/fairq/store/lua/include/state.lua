@@ -8,9 +8,12 @@ local HOOK = {}
 -- The per-call tables of a script's state, each made on first use (a call touches few).
 local STATE_TABLES = {
   -- counters.lua: known values, pending deltas and truth functions per counter key
-  cval = true, cdelta = true, cseed = true,
-  -- tenant running counts (counters.lua): per B, seeded flag, values, pending deltas
-  trseen = true, trval = true, trdelta = true,
+  counter_value = true, counter_delta = true, counter_seed = true,
+  -- tenant running counts (counters.lua), per B: seeded in this call (a tenant not in
+  -- the hash then holds 0), values before this call, pending deltas, and the queue
+  -- whose truth seeds the hash when it is missing at the flush
+  tenant_running_seeded = true, tenant_running_base = true, tenant_running_delta = true,
+  tenant_running_queue = true,
   -- runs.lua: queue contexts of runs read from their hashes (run_queue): env -> queue -> Q
   runq = true,
   -- runs.lua: slot and index changes applied once at the end (state_flush)
