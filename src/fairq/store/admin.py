@@ -18,8 +18,10 @@ from fairq.store import validate
 from fairq.store._core import StoreCore
 from fairq.store.options import (
     BURST_OVERRIDE,
+    CAP_OVERRIDE,
     ENV_OPTIONS,
     QUEUE_OPTIONS,
+    WEIGHT_OVERRIDE,
     parse_rate,
 )
 
@@ -75,6 +77,16 @@ def queue_option(queue: str, name: str, value: object) -> Change:
 def rate_value(rate: str | float | int, burst: int) -> str:
     per_second = parse_rate(rate)
     return f"{per_second!r}:{BURST_OVERRIDE.encode('rate burst', burst)}"
+
+
+def cap_value(name: str, cap: int) -> str:
+    """A concurrency cap override as stored (an integer in the cap override's range)."""
+    return str(validate.integer(name, cap, int(CAP_OVERRIDE.low), int(CAP_OVERRIDE.high)))
+
+
+def weight_value(weight: float) -> str:
+    """A fair-order weight as stored (a number in the weight override's range)."""
+    return repr(validate.number("weight", weight, WEIGHT_OVERRIDE.low, WEIGHT_OVERRIDE.high))
 
 
 class AdminOps(StoreCore):
@@ -142,9 +154,7 @@ class AdminOps(StoreCore):
                 env_option("concurrency", validate.limit("env concurrency limit", concurrency))
             )
         if burst_factor is not None:
-            changes.append(
-                env_option("burst_factor", validate.number("burst factor", burst_factor, 1, 100))
-            )
+            changes.append(env_option("burst_factor", burst_factor))
         if queue_size_limit is not None:
             changes.append(
                 env_option("max_queue_size", validate.limit("queue size limit", queue_size_limit))
@@ -169,7 +179,7 @@ class AdminOps(StoreCore):
 
     async def set_env_weight(self, env: Environment, weight: float | None) -> None:
         """Weight an environment in the fair order across its shard's environments."""
-        value = None if weight is None else repr(validate.weight(weight))
+        value = None if weight is None else weight_value(weight)
         await self.configure(env, [Change("env_weights", None, env.id, value)])
 
     # ------------------------------------------------------------------ queues
@@ -266,7 +276,7 @@ class AdminOps(StoreCore):
         None restores the queue's limit)."""
         K.validate_name("queue", queue, allow_slash=True)
         ck = K.encode_concurrency_key(concurrency_key)
-        value = None if cap is None else str(validate.limit("key concurrency cap", cap))
+        value = None if cap is None else cap_value("key concurrency cap", cap)
         await self.configure(env, [Change("key_caps", queue, ck, value)])
 
     async def set_tenant_concurrency(
@@ -275,7 +285,7 @@ class AdminOps(StoreCore):
         """A concurrency cap for one tenant in a queue, across its keys (an override; a
         tenant without one is capped at the queue's per-key limit)."""
         K.validate_name("queue", queue, allow_slash=True)
-        value = None if cap is None else str(validate.limit("tenant concurrency cap", cap))
+        value = None if cap is None else cap_value("tenant concurrency cap", cap)
         await self.configure(env, [Change("tenant_caps", queue, K.encode_tenant(tenant), value)])
 
     async def set_concurrency_key_weight(
@@ -285,12 +295,12 @@ class AdminOps(StoreCore):
         own tenant, as that tenant (advance = quantum / weight); None resets to 1."""
         K.validate_name("queue", queue, allow_slash=True)
         ck = K.encode_concurrency_key(concurrency_key)
-        value = None if weight is None else repr(validate.weight(weight))
+        value = None if weight is None else weight_value(weight)
         await self.configure(env, [Change("key_weights", queue, ck, value)])
 
     async def set_tenant_weight(self, env: Environment, tenant: str, weight: float | None) -> None:
         """Weight a tenant in its environment's fair order (across all its queues)."""
-        value = None if weight is None else repr(validate.weight(weight))
+        value = None if weight is None else weight_value(weight)
         await self.configure(env, [Change("tenant_weights", None, K.encode_tenant(tenant), value)])
 
     async def record_audit(

@@ -6,7 +6,10 @@ A value a queue does not set falls back to the environment's, then to the proces
 defaults (:class:`fairq.config.RunQueueConfig`), so every process reads the same
 settings from the server. :data:`ENV_OPTIONS` and :data:`QUEUE_OPTIONS` are the one list
 of names: the admin code validates against them and the loader generates the Lua tables
-the scripts read them with (:func:`lua_options`).
+the scripts read them with (:func:`lua_options`), including the rules ``configure.lua``
+checks a value against (kind, range, words), so a value Python refuses the script refuses
+too, and the other way round. :data:`OVERRIDE_OPTIONS` does the same for the per-key and
+per-tenant overrides (caps, rate limits, weights).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from fairq.config import MAX_LIMIT, as_float
+from fairq.config import MAX_LIMIT, MAX_WEIGHT, as_float
 from fairq.errors import InvalidLimitError
 
 Kind = Literal["int", "float", "word", "flag"]
+
+#: How a flag is stored: off, on.
+FLAG_WORDS: Final = ("0", "1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +50,7 @@ class Option:
         if self.kind == "flag":
             if not isinstance(value, bool):
                 raise InvalidLimitError(name, value, "must be True or False")
-            return "1" if value else "0"
+            return FLAG_WORDS[value]
         if self.kind == "word":
             if value not in self.words:
                 raise InvalidLimitError(name, value, f"must be one of {', '.join(self.words)}")
@@ -111,8 +117,20 @@ QUEUE_OPTIONS: Final[dict[str, Option]] = {
 }
 
 #: A rate limit override of one key or tenant: ``rate:burst`` (runs per second, burst).
-RATE_OVERRIDE: Final = Option("float", 1e-6, 1e6)
-BURST_OVERRIDE: Final = Option("int", 1, 1_000_000)
+RATE_OVERRIDE: Final = Option("float", 1e-6, 1e6, help="runs started per second")
+BURST_OVERRIDE: Final = Option("int", 1, 1_000_000, help="burst of a rate limit")
+#: A concurrency cap of one key or tenant.
+CAP_OVERRIDE: Final = Option("int", 0, MAX_LIMIT, help="runs in flight of one key or tenant")
+#: A weight in the fair order (of a key, a tenant or an environment).
+WEIGHT_OVERRIDE: Final = Option("float", 1 / MAX_WEIGHT, MAX_WEIGHT, help="fair-order weight")
+
+#: The overrides configure.lua stores per key, tenant or environment, by what they set.
+OVERRIDE_OPTIONS: Final[dict[str, Option]] = {
+    "cap": CAP_OVERRIDE,
+    "rate": RATE_OVERRIDE,
+    "rate_burst": BURST_OVERRIDE,
+    "weight": WEIGHT_OVERRIDE,
+}
 
 
 def parse_rate(value: str | float | int) -> float:
@@ -142,14 +160,39 @@ def parse_rate(value: str | float | int) -> float:
     return per_second
 
 
+def _lua_number(kind: Kind, value: float) -> str:
+    return str(int(value)) if kind == "int" else repr(float(value))
+
+
+def _lua_words(words: tuple[str, ...]) -> str:
+    return "{" + ", ".join(f"'{w}'" for w in words) + "}"
+
+
+def lua_rule(option: Option) -> str:
+    """One option's rule as a Lua table: what configure.lua checks a value against."""
+    parts = [f"kind = '{option.kind}'"]
+    if option.kind in ("int", "float"):
+        low, high = _lua_number(option.kind, option.low), _lua_number(option.kind, option.high)
+        parts += [f"low = {low}", f"high = {high}"]
+    else:
+        parts.append(f"words = {_lua_words(option.words or FLAG_WORDS)}")
+    if option.internal:
+        parts.append("internal = true")
+    return "{" + ", ".join(parts) + "}"
+
+
 def lua_options() -> str:
-    """The Lua tables of option names and kinds (generated into the prelude)."""
+    """The Lua tables of option names and kinds, and the rules of every option and
+    override (generated into the prelude)."""
 
     def names(options: dict[str, Option]) -> str:
         return ", ".join(f"'{n}'" for n in options)
 
     def kinds(options: dict[str, Option]) -> str:
         return ", ".join(f"{n} = '{o.kind}'" for n, o in options.items())
+
+    def rules(options: dict[str, Option]) -> str:
+        return ",\n".join(f"    {n} = {lua_rule(o)}" for n, o in options.items())
 
     return "\n".join(
         [
@@ -158,5 +201,11 @@ def lua_options() -> str:
             f"local QUEUE_OPTIONS = {{ {names(QUEUE_OPTIONS)} }}",
             f"local ENV_OPTION_KIND = {{ {kinds(ENV_OPTIONS)} }}",
             f"local QUEUE_OPTION_KIND = {{ {kinds(QUEUE_OPTIONS)} }}",
+            "-- what a stored value must be (configure.lua checks every change against it)",
+            "local OPTION_RULES = {",
+            f"  env = {{\n{rules(ENV_OPTIONS)}\n  }},",
+            f"  queue = {{\n{rules(QUEUE_OPTIONS)}\n  }},",
+            f"  override = {{\n{rules(OVERRIDE_OPTIONS)}\n  }},",
+            "}",
         ]
     )

@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any, Final
 
-from fairq.config import MAX_DEQUEUE_COUNT, MAX_LIMIT, MAX_WEIGHT, as_float
+from fairq.config import MAX_DEQUEUE_COUNT, MAX_LIMIT, as_float
 from fairq.errors import InvalidLimitError, PayloadError
 
 #: The largest time accepted (ms): the year 10000.
@@ -63,10 +63,6 @@ def max_count(value: object) -> int:
 
 def limit(name: str, value: object, *, minimum: int = 0) -> int:
     return integer(name, value, minimum, MAX_LIMIT)
-
-
-def weight(value: object) -> float:
-    return number("weight", value, 1.0 / MAX_WEIGHT, MAX_WEIGHT)
 
 
 def batch(name: str, items: object) -> None:

@@ -29,29 +29,34 @@ local env_id = arg_env(ARGV[FIRST_ARG])
 local count = arg_groups(ARGV, FIRST_ARG + 1, 4, 'change')
 local V = env_prefix(tag, env_id)
 
--- the internal flags are fairq's own (maintained below, never set by a caller)
-local INTERNAL = {weights = true, overrides = true, named = true, parked = true}
+-- A value against its rule (OPTION_RULES, generated from the option table Python checks
+-- with: the same kinds, ranges and words).
+local function check_rule(rule, name, value)
+  if rule.kind == 'int' then
+    arg_int(value, name, rule.low, rule.high)
+  elseif rule.kind == 'float' then
+    arg_num(value, name, rule.low, rule.high)
+  else
+    arg_word(value, name, rule.words)
+  end
+end
 
 local function check_value(target, queue, field, value)
   if value == '' then return end
+  local overrides = OPTION_RULES.override
   if target == 'config' then
-    local kind = queue == '' and ENV_OPTION_KIND[field] or QUEUE_OPTION_KIND[field]
-    if kind == nil or INTERNAL[field] then fail('unknown option ' .. field) end
-    if kind == 'int' then
-      arg_int(value, field, 0, UNLIMITED)
-    elseif kind == 'float' then
-      arg_num(value, field, 0, UNLIMITED)
-    elseif kind == 'flag' then
-      arg_word(value, field, {'0', '1'})
-    end
+    local rule = (queue == '' and OPTION_RULES.env or OPTION_RULES.queue)[field]
+    -- the internal flags are fairq's own (maintained below, never set by a caller)
+    if rule == nil or rule.internal then fail('unknown option ' .. field) end
+    check_rule(rule, field, value)
   elseif target == 'key_caps' or target == 'tenant_caps' then
-    arg_int(value, 'cap', 0, UNLIMITED)
+    check_rule(overrides.cap, 'cap', value)
   elseif target == 'key_rates' or target == 'tenant_rates' then
     local r, b = string.match(value, '^([^:]+):([^:]+)$')
-    arg_num(r, 'rate', 1e-6, 1e6)
-    arg_int(b, 'rate burst', 1, 1000000)
+    check_rule(overrides.rate, 'rate', r)
+    check_rule(overrides.rate_burst, 'rate burst', b)
   else
-    arg_num(value, 'weight', 1e-3, 1e3)
+    check_rule(overrides.weight, 'weight', value)
   end
 end
 
