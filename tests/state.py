@@ -11,6 +11,7 @@ from typing import Any
 from fairq import keys as K
 from fairq.keys import Environment
 from fairq.store import RunQueue
+from fairq.store.run_hash import RUN_FIELDS
 
 
 def s(value: Any) -> str:
@@ -19,7 +20,8 @@ def s(value: Any) -> str:
 
 async def run_state(rq: RunQueue, env: Environment, run_id: str) -> str | None:
     """``queued`` | ``running`` | ``dlq``, or None when the run's hash is gone."""
-    raw = await rq.client.hget(rq.keys.env(env).message(run_id), "st")  # type: ignore[misc]
+    message = rq.keys.env(env).message(run_id)
+    raw = await rq.client.hget(message, RUN_FIELDS["state"].stored)  # type: ignore[misc]
     return None if raw is None else s(raw)
 
 

@@ -48,6 +48,7 @@ from fairq.models import (
 )
 from fairq.outcomes import RunStatus
 from fairq.store import RunQueue
+from fairq.store.run_hash import RUN_FIELDS
 
 MakeQueue = Callable[..., Awaitable[RunQueue]]
 
@@ -397,7 +398,7 @@ class Driver:
         ids = list(self.model.runs)
         pipe = self.rq.client.pipeline(transaction=False)
         for run_id in ids:
-            pipe.hget(self.rq.keys.env(self.env).message(run_id), "st")
+            pipe.hget(self.rq.keys.env(self.env).message(run_id), RUN_FIELDS["state"].stored)
         states = await pipe.execute()
         for run_id, state in zip(ids, states, strict=True):
             assert state is not None and state.decode() == self.model.runs[run_id].state, run_id

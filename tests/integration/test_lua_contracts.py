@@ -1,6 +1,11 @@
 """The contracts across the Lua boundary are generated from Python tables, and checked here
 on what the loader builds, so that a hand-kept copy on either side fails a test:
 
+* run-hash fields by name: no Lua file reads a run hash by hand (an ``HMGET`` whose
+  reply it then indexes by position) or spells a stored field name; every read goes
+  through a generated reader whose values are bound to locals named as the fields of
+  :data:`fairq.store.run_hash.RUN_READS`, in its order, and every write names its fields
+  through the generated ``RUN_FIELD``;
 * option ranges: ``configure.lua`` accepts exactly the values the option table of
   :mod:`fairq.store.options` accepts (every option and override, at each bound and just
   beyond), because its rules are generated from that table. The configure.lua this
@@ -13,9 +18,12 @@ the check itself is shown to be able to fail.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
+
+import pytest
 
 from fairq.errors import InvalidLimitError
 from fairq.keys import Environment
@@ -27,7 +35,8 @@ from fairq.store.options import (
     QUEUE_OPTIONS,
     Option,
 )
-from fairq.store.scripts import ScriptRegistry
+from fairq.store.run_hash import READ_CALL_RE, RUN_FIELDS, RUN_READS, RUN_STATES
+from fairq.store.scripts import ScriptLoadError, ScriptRegistry, assemble, script_names
 
 MakeQueue = Callable[..., Any]
 QUEUE = "jobs"
@@ -39,6 +48,144 @@ def _package_lua(relative: str) -> str | None:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+
+
+def lua_files() -> dict[str, str]:
+    """Every Lua file of the package (scripts and includes) by its path under lua/."""
+    root = resources.files("fairq.store").joinpath("lua")
+    includes = sorted(p.name for p in root.joinpath("include").iterdir() if p.name.endswith(".lua"))
+    paths = [f"{name}.lua" for name in script_names()] + [f"include/{n}" for n in includes]
+    return {path: text for path in paths if (text := _package_lua(path)) is not None}
+
+
+def lua_code(source: str) -> str:
+    """Lua source without its comments (block comments first, then line comments)."""
+    source = re.sub(r"--\[\[.*?\]\]", "", source, flags=re.DOTALL)
+    return re.sub(r"--[^\n]*", "", source)
+
+
+def call_arguments(code: str, start: int) -> list[str]:
+    """The top-level arguments of the call whose '(' is at ``start`` (quoted strings and
+    nested brackets skipped)."""
+    args, depth, quote, current = [], 0, "", []
+    for char in code[start + 1 :]:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif char == "," and depth == 0:
+            args.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    return [*args, "".join(current).strip()]
+
+
+_HASH_READS = {"HGET", "HMGET", "HGETALL", "HVALS", "HKEYS", "HEXISTS", "HSTRLEN"}
+_HASH_WRITES = {"HSET": 2, "HSETNX": 2, "HINCRBY": 2, "HDEL": 1}
+
+
+def _hand_kept_run_access(path: str, code: str) -> list[str]:
+    """Reads of a run hash by hand, and writes that spell a stored field name."""
+    run_keys = set(re.findall(r"\b([A-Za-z_]\w*)\s*=\s*run_key\(", code))
+    out = []
+    for call in re.finditer(r"redis\.p?call\(", code):
+        args = call_arguments(code, call.end() - 1)
+        if len(args) < 2 or not (args[1] in run_keys or args[1].startswith("run_key(")):
+            continue
+        command = args[0].strip("'\"").upper()
+        if command in _HASH_READS:
+            out.append(f"{path}: {command} of a run hash by hand (use a run_read_ reader)")
+        step = _HASH_WRITES.get(command)
+        for field in args[2::step] if step else []:
+            if field[:1] in "'\"":
+                out.append(f"{path}: {command} spells the run-hash field {field} (use RUN_FIELD)")
+    return out
+
+
+def _reader_bindings(path: str, code: str) -> list[str]:
+    """Reader calls not bound to locals named as the reader's fields, in its order."""
+    out = []
+    for call in READ_CALL_RE.finditer(code):
+        reader = call.group(1)
+        bound = re.search(r"local\s+([A-Za-z_][\w\s,]*?)\s*=\s*$", code[: call.start()])
+        names = tuple(n.strip() for n in bound.group(1).split(",")) if bound else ()
+        if reader not in RUN_READS:
+            out.append(f"{path}: run_read_{reader} is not a reader of RUN_READS")
+        elif names != RUN_READS[reader]:
+            out.append(f"{path}: run_read_{reader} bound to {names}, not {RUN_READS[reader]}")
+    return out
+
+
+def run_hash_problems(files: dict[str, str]) -> list[str]:
+    """Every place a Lua file reads a run-hash field by position or spells one by hand,
+    binds a reader's values to other names, names an unknown field or writes an unknown
+    state."""
+    out = []
+    for path, text in files.items():
+        code = lua_code(text)
+        out += _hand_kept_run_access(path, code)
+        out += _reader_bindings(path, code)
+        for name in re.findall(r"\bRUN_FIELD\.(\w+)", code):
+            if name not in RUN_FIELDS:
+                out.append(f"{path}: RUN_FIELD.{name} is not a run-hash field")
+        for word in re.findall(r"(?:\bstate\s*[~=]=|RUN_FIELD\.state\s*,)\s*'(\w*)'", code):
+            if word not in RUN_STATES:
+                out.append(f"{path}: state {word!r} is not one of {RUN_STATES}")
+    return out
+
+
+def test_no_lua_file_reads_a_run_hash_field_by_position() -> None:
+    """Every Lua file reads the run hash through the generated readers, binds their
+    values to the fields' names and writes fields through RUN_FIELD."""
+    files = lua_files()
+    assert {"ack.lua", "heartbeat.lua", "include/claim.lua", "include/counters.lua"} <= set(files)
+    assert run_hash_problems(files) == []
+
+
+def test_the_run_hash_check_fails_on_reads_by_position_and_on_misnamed_bindings() -> None:
+    """The check can fail: it flags a hand-written HMGET read by index (the ack.lua and
+    heartbeat.lua of before, whose f[2] meant the key in one and the lease token in the
+    other), a field spelled in a write, a reader bound in the wrong order, an unknown
+    field and an unknown state."""
+    broken = {
+        "ack.lua": "local mkey = run_key(tag, member)\n"
+        "local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd')\n"
+        "free_slots_later(X, Q, f[2], run, ta)\n",
+        "heartbeat.lua": "local f = redis.call('HMGET', run_key(tag, t[1]), 'st', 'd')\n"
+        "if same_token(f[2], t[2]) then end\n",
+        "nack.lua": "local mkey = run_key(tag, member)\n"
+        "redis.call('HSET', mkey, 'st', 'queued', RUN_FIELD.score, retry_at)\n",
+        "redrive.lua": "local ck, queue, state, tenant = run_read_redrive(mkey)\n"
+        "if state ~= 'dead' then end\n"
+        "redis.call('HSET', mkey, RUN_FIELD.attempt, 0)\n",
+    }
+    found = run_hash_problems(broken)
+    assert any(p.startswith("ack.lua: HMGET of a run hash by hand") for p in found)
+    assert any(p.startswith("heartbeat.lua: HMGET of a run hash by hand") for p in found)
+    assert "nack.lua: HSET spells the run-hash field 'st' (use RUN_FIELD)" in found
+    assert any(p.startswith("redrive.lua: run_read_redrive bound to ('ck', 'queue'") for p in found)
+    assert "redrive.lua: RUN_FIELD.attempt is not a run-hash field" in found
+    assert any(p.startswith("redrive.lua: state 'dead'") for p in found)
+    assert len(found) == 6
+
+
+def test_a_library_gets_the_readers_its_code_calls_and_an_unknown_one_fails_to_load() -> None:
+    files = {
+        "s.lua": "--@include prelude\nlocal state = run_read_nope(mkey)\n",
+        "include/prelude.lua": "-- prelude\n",
+    }
+    with pytest.raises(ScriptLoadError, match="unknown run-hash reader"):
+        assemble("s", None, files.get)
+    heartbeat = assemble("heartbeat", None).text
+    assert "local function run_read_heartbeat(mkey)" in heartbeat
+    assert "run_read_ack" not in heartbeat and "delivery_add" not in heartbeat
 
 
 # ------------------------------------------------------------------ option ranges

@@ -11,10 +11,22 @@ from fairq.keys import Environment
 from fairq.models import Delivery, DequeueBatch
 from fairq.store import validate
 from fairq.store._core import StoreCore, text_of
+from fairq.store.run_hash import DELIVERY_FIELDS, DELIVERY_OFFSET
 from fairq.store.selection import EnvPlan, SelectionStrategy
 
-#: Fields of one delivered run in a dequeue reply (dequeue.lua).
-DELIVERY_FIELDS = 12
+#: Where each field of a delivered run is in its slice of a dequeue reply.
+_RUN_ID = DELIVERY_OFFSET["run_id"]
+_QUEUE = DELIVERY_OFFSET["queue"]
+_PAYLOAD = DELIVERY_OFFSET["payload"]
+_CK = DELIVERY_OFFSET["ck"]
+_TENANT = DELIVERY_OFFSET["tenant"]
+_ATTEMPTS = DELIVERY_OFFSET["attempts"]
+_LEASE_TOKEN = DELIVERY_OFFSET["lease_token"]
+_SCORE = DELIVERY_OFFSET["score"]
+_ENQUEUED_AT = DELIVERY_OFFSET["enqueued_at"]
+_TIMEOUT = DELIVERY_OFFSET["timeout"]
+_OUTCOME_POLICY = DELIVERY_OFFSET["outcome_policy"]
+_TRACE = DELIVERY_OFFSET["trace"]
 
 
 class DequeueOps(StoreCore):
@@ -26,23 +38,23 @@ class DequeueOps(StoreCore):
 
     def _deliveries(self, env: Environment, raw: list[Any]) -> list[Delivery]:
         out = []
-        for i in range(0, len(raw), DELIVERY_FIELDS):
-            ck, tenant = text_of(raw[i + 3]), text_of(raw[i + 4])
+        for i in range(0, len(raw), len(DELIVERY_FIELDS)):
+            ck, tenant = text_of(raw[i + _CK]), text_of(raw[i + _TENANT])
             out.append(
                 Delivery(
                     env=env,
-                    queue=text_of(raw[i + 1]),
-                    run_id=text_of(raw[i]),
-                    payload_json=text_of(raw[i + 2]),
+                    queue=text_of(raw[i + _QUEUE]),
+                    run_id=text_of(raw[i + _RUN_ID]),
+                    payload_json=text_of(raw[i + _PAYLOAD]),
                     concurrency_key=K.decode_concurrency_key(ck) if ck else None,
-                    attempt=int(raw[i + 5]),
-                    lease_token=int(raw[i + 6]),
-                    score_ms=int(float(raw[i + 7])),
-                    enqueued_at_ms=int(float(raw[i + 8])),
+                    attempt=int(raw[i + _ATTEMPTS]),
+                    lease_token=int(raw[i + _LEASE_TOKEN]),
+                    score_ms=int(float(raw[i + _SCORE])),
+                    enqueued_at_ms=int(float(raw[i + _ENQUEUED_AT])),
                     tenant=K.decode_tenant(tenant) if tenant else None,
-                    timeout_ms=int(raw[i + 9]) or None,
-                    keep_outcome=text_of(raw[i + 10]) == "keep",
-                    trace_context=text_of(raw[i + 11]) or None,
+                    timeout_ms=int(raw[i + _TIMEOUT]) or None,
+                    keep_outcome=text_of(raw[i + _OUTCOME_POLICY]) == "keep",
+                    trace_context=text_of(raw[i + _TRACE]) or None,
                 )
             )
         return out

@@ -16,7 +16,7 @@ from fairq import keys as K
 from fairq.keys import Environment
 from fairq.models import AuditEntry, DeadLetter, EnvStats, QueueStats, TenantTag, VariantStats
 from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus, decode_outcome
-from fairq.store import validate
+from fairq.store import run_hash, validate
 from fairq.store._core import StoreCore, text_of
 from fairq.store.options import QUEUE_OPTIONS
 
@@ -34,6 +34,16 @@ ENV_DEFAULTS: Final = (
 
 #: The history field that counts the tenants a full bucket has no field for.
 HISTORY_OVERFLOW_FIELD: Final = "t:~"
+
+#: What the readers read of a run hash (fairq.store.run_hash field names).
+_OWNER_READ: Final = ("queue", "ck")
+_DEAD_LETTER_READ: Final = (
+    "queue", "ck", "attempts", "payload", "error", "tenant", "traceback",
+)  # fmt: skip
+_RUN_READ: Final = (
+    "state", "attempts", "queue", "ck", "tenant", "enqueued_at", "score", "lease_start",
+    "payload", "error", "cancel_requested", "progress", "traceback",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +226,7 @@ class ReaderOps(StoreCore):
 
         def owners(pipe: Any) -> None:
             for run_id in ids:
-                pipe.hmget(e.message(run_id), ["q", "k"])
+                pipe.hmget(e.message(run_id), run_hash.stored(_OWNER_READ))
 
         counts: dict[str, int] = {}
         for queue, key in await self.pipeline(owners) if ids else []:
@@ -242,7 +252,7 @@ class ReaderOps(StoreCore):
 
             def owners(pipe: Any) -> None:
                 for run_id in ids:
-                    pipe.hmget(e.message(run_id), ["q", "k"])
+                    pipe.hmget(e.message(run_id), run_hash.stored(_OWNER_READ))
 
             extra = sorted(
                 {
@@ -417,26 +427,28 @@ class ReaderOps(StoreCore):
 
         def build(pipe: Any) -> None:
             for run_id in run_ids:
-                pipe.hmget(e.message(run_id), ["q", "k", "a", "p", "e", "n", "tb"])
+                pipe.hmget(e.message(run_id), run_hash.stored(_DEAD_LETTER_READ))
 
         out: list[DeadLetter] = []
-        for (run_id, (_, score)), h in zip(
+        for (run_id, (_, score)), raw in zip(
             zip(run_ids, members, strict=True), await self.pipeline(build), strict=True
         ):
-            if h[0] is None:
+            h = run_hash.by_name(_DEAD_LETTER_READ, raw)
+            if h["queue"] is None:
                 continue
+            ck, tenant = h["ck"], h["tenant"]
             out.append(
                 DeadLetter(
                     env=env,
-                    queue=text_of(h[0]),
+                    queue=text_of(h["queue"]),
                     run_id=run_id,
-                    concurrency_key=K.decode_concurrency_key(text_of(h[1])) if h[1] else None,
-                    attempt=int(h[2] or 0),
+                    concurrency_key=K.decode_concurrency_key(text_of(ck)) if ck else None,
+                    attempt=int(h["attempts"] or 0),
                     dead_lettered_at_ms=int(score),
-                    payload_json=text_of(h[3]),
-                    error=_opt(h[4]) or None,
-                    tenant=K.decode_tenant(text_of(h[5])) if h[5] else None,
-                    traceback=_opt(h[6]) or None,
+                    payload_json=text_of(h["payload"]),
+                    error=_opt(h["error"]) or None,
+                    tenant=K.decode_tenant(text_of(tenant)) if tenant else None,
+                    traceback=_opt(h["traceback"]) or None,
                 )
             )
         return out
@@ -449,40 +461,37 @@ class ReaderOps(StoreCore):
         e = self.keys.env(env)
 
         def build(pipe: Any) -> None:
-            pipe.hmget(
-                e.message(run_id),
-                ["st", "a", "q", "k", "n", "t", "s", "ls", "p", "e", "cx", "pg", "tb"],
-            )
+            pipe.hmget(e.message(run_id), run_hash.stored(_RUN_READ))
             pipe.get(e.outcome(run_id))
 
-        message, outcome_raw = await self.pipeline(build)
+        raw, outcome_raw = await self.pipeline(build)
         outcome = decode_outcome(run_id, outcome_raw) if outcome_raw else None
-        if message[0] is not None:
-            state = text_of(message[0])
-            progress = None
-            if message[11]:
-                fraction, _, note = text_of(message[11]).partition(":")
-                progress = (float(fraction), note)
-            return RunInfo(
-                run_id=run_id,
-                status=STATE_STATUS.get(state, RunStatus.QUEUED),
-                queue=_opt(message[2]),
-                concurrency_key=K.decode_concurrency_key(text_of(message[3]))
-                if message[3]
-                else None,
-                tenant=K.decode_tenant(text_of(message[4])) if message[4] else None,
-                attempts=int(message[1] or 0),
-                enqueued_at_ms=int(float(message[5])) if message[5] else None,
-                due_at_ms=int(float(message[6])) if message[6] and state == "queued" else None,
-                started_at_ms=int(float(message[7])) if message[7] and state == "running" else None,
-                payload_json=_opt(message[8]),
-                error=_opt(message[9]) or (outcome.error if outcome else None),
-                traceback=_opt(message[12]) or (outcome.traceback if outcome else None),
-                finished_at_ms=outcome.finished_at_ms if outcome and state == "dlq" else None,
-                cancel_requested=message[10] is not None,
-                progress=progress,
-            )
-        return outcome
+        h = run_hash.by_name(_RUN_READ, raw)
+        if h["state"] is None:
+            return outcome
+        state = text_of(h["state"])
+        progress = None
+        if h["progress"]:
+            fraction, _, note = text_of(h["progress"]).partition(":")
+            progress = (float(fraction), note)
+        ck, tenant, score, started = h["ck"], h["tenant"], h["score"], h["lease_start"]
+        return RunInfo(
+            run_id=run_id,
+            status=STATE_STATUS.get(state, RunStatus.QUEUED),
+            queue=_opt(h["queue"]),
+            concurrency_key=K.decode_concurrency_key(text_of(ck)) if ck else None,
+            tenant=K.decode_tenant(text_of(tenant)) if tenant else None,
+            attempts=int(h["attempts"] or 0),
+            enqueued_at_ms=int(float(h["enqueued_at"])) if h["enqueued_at"] else None,
+            due_at_ms=int(float(score)) if score and state == "queued" else None,
+            started_at_ms=int(float(started)) if started and state == "running" else None,
+            payload_json=_opt(h["payload"]),
+            error=_opt(h["error"]) or (outcome.error if outcome else None),
+            traceback=_opt(h["traceback"]) or (outcome.traceback if outcome else None),
+            finished_at_ms=outcome.finished_at_ms if outcome and state == "dlq" else None,
+            cancel_requested=h["cancel_requested"] is not None,
+            progress=progress,
+        )
 
     async def recent_runs(
         self, env: Environment, queue: str, *, limit: int = 100

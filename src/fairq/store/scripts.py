@@ -15,7 +15,8 @@ directives, its KEYS/ARGV bindings and its body. Directives:
   (only the admin script that sets weights). The age-order builds, and every other
   script without an order, get a schema without them;
 * ``--@include name``: a helper file ``lua/include/<name>.lua``. ``prelude`` is the one
-  generated include (reply codes, key builders, this script's context bindings, argument
+  generated include (reply codes, key builders, option rules, the run hash's field names
+  and the readers of it the library calls, this script's context bindings, argument
   checks) and must come first. ``order`` stands for the order-specific hooks: a script
   that includes it (directly or through another include) is built twice, once with
   ``order_age`` and once with ``order_fair``.
@@ -50,6 +51,7 @@ from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
 from fairq.store.context import lua_bindings, lua_context_cache, order_names
 from fairq.store.options import lua_options
+from fairq.store.run_hash import lua_delivery, lua_run_hash, reads_called
 from fairq.store.status import lua_status_table
 
 Order = Literal["age", "fair"]
@@ -188,21 +190,28 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
     prelude = read("include/prelude.lua")
     if prelude is None:
         raise ScriptLoadError(f"{name}: missing include 'prelude'")
-    module = "\n".join(
-        [
-            lua_status_table(),
-            lua_schema(fair=full_schema),
-            lua_options(),
-            lua_context_cache(),
-            _DIRECTIVE_RE.sub(lambda m: "", prelude),
-            *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
-        ]
-    )
     lines = text.splitlines()
     first = next(i for i, line in enumerate(lines) if _DIRECTIVE_RE.match(line))
     start = next(i for i, line in enumerate(lines) if line.startswith("--@include prelude"))
     header = "\n".join(lines[:first])
     body = "\n".join(line for line in lines[start + 1 :] if not _DIRECTIVE_RE.match(line))
+    code = "\n".join([prelude, *bodies.values(), body])
+    try:
+        reads = reads_called(code)
+    except ValueError as exc:
+        raise ScriptLoadError(f"{name}: {exc}") from None
+    module = "\n".join(
+        [
+            lua_status_table(),
+            lua_schema(fair=full_schema),
+            lua_options(),
+            lua_run_hash(reads),
+            *([lua_delivery()] if "delivery_add(" in code else []),
+            lua_context_cache(),
+            _DIRECTIVE_RE.sub(lambda m: "", prelude),
+            *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
+        ]
+    )
     function = f"fairq_{name}_{order or 'any'}"
     draft = _library(function, header, module, lua_bindings(ordered_context), body)
     digest = hashlib.sha1(draft.encode("utf-8")).hexdigest()

@@ -46,25 +46,25 @@ for n = 1, count do
   local i = FIRST_ARG + (n - 1) * FIELDS
   local member, outcome, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
   local mkey = run_key(tag, member)
-  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ls', 'ta')
-  if not f[1] or acked[member] then -- (its hash is deleted at the end of this call)
+  local queue, ck, state, lease_token, attempts, lease_start, slot_tenant = run_read_ack(mkey)
+  if not queue or acked[member] then -- (its hash is deleted at the end of this call)
     statuses[#statuses + 1] = S.UNKNOWN_RUN
-  elseif f[3] ~= 'running' or not same_token(f[4], ARGV[i + 1]) then
+  elseif state ~= 'running' or not same_token(lease_token, ARGV[i + 1]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
     local env_id, run = env_ids[n], run_ids[n]
-    local Q = run_queue(X, env_id, f[1])
-    local ta = f[7] or ''
-    free_slots_later(X, Q, f[2], run, ta)
+    local Q = run_queue(X, env_id, queue)
+    local ta = slot_tenant or ''
+    free_slots_later(X, Q, ck, run, ta)
     X.lease_del[#X.lease_del + 1] = member
     gone[#gone + 1] = mkey
     if outcome ~= '' then write_outcome(X, member, outcome) end
-    local started = tonumber(f[6])
-    recent_add(X, Q, run, status, f[5] or '0', started, f[2], ta)
+    local started = tonumber(lease_start)
+    recent_add(X, Q, run, status, attempts or '0', started, ck, ta)
     history_add(X, Q, status, 1)
     if started then
       history_add(X, Q, 'run_ms', X.now - started)
-      HOOK.charge(X, Q, flow_of(f[2]), ta, X.now - started)
+      HOOK.charge(X, Q, flow_of(ck), ta, X.now - started)
     end
     acked[member] = true
     statuses[#statuses + 1] = S.ACKED

@@ -28,37 +28,37 @@ Reply
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
 local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', 128)
-local only = arg_word(ARGV[FIRST_ARG + 2] or '', 'state', {'', 'queued', 'running', 'dlq'})
+local only = ARGV[FIRST_ARG + 2] or ''
+if only ~= '' then arg_word(only, 'state', RUN_STATES) end
 local X = state_new(C, tag)
 local member = env_id .. ':' .. run
 local mkey = run_key(tag, member)
-local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'a', 'x', 'n')
-local state = f[3]
+local queue, ck, state, attempts, ttl_deadline, tenant = run_read_cancel(mkey)
 if not state then
   if redis.call('EXISTS', outcome_key(tag, member)) == 1 then return S.ALREADY_FINISHED end
   return S.UNKNOWN_RUN
 end
 if only ~= '' and state ~= only then return S.NOT_IN_STATE end
-local Q = run_queue(X, env_id, f[1])
+local Q = run_queue(X, env_id, queue)
 if state == 'running' then
-  redis.call('HSET', mkey, 'cx', X.now)
+  redis.call('HSET', mkey, RUN_FIELD.cancel_requested, X.now)
   redis.call('PUBLISH', C.wake_channel, 'cancel:' .. member)
   return S.CANCEL_REQUESTED
 end
-local outcome = cjson.encode({status = 'cancelled', queue = f[1], key = f[2],
-  tenant = f[6] or '', attempts = tonumber(f[4]) or 0, finished_at = X.now})
+local outcome = cjson.encode({status = 'cancelled', queue = queue, key = ck,
+  tenant = tenant or '', attempts = tonumber(attempts) or 0, finished_at = X.now})
 if state == 'dlq' then
   redis.call('ZREM', env_key(Q.V, 'dlq'), run)
   redis.call('DEL', mkey)
   write_outcome(X, member, outcome)
   return S.REMOVED_FROM_DLQ
 end
-unqueue(X, Q, f[2], run)
-if f[2] ~= '' then variant_refresh(X, Q, f[2]) end
-if tonumber(f[5] or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
+unqueue(X, Q, ck, run)
+if ck ~= '' then variant_refresh(X, Q, ck) end
+if tonumber(ttl_deadline or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
 redis.call('DEL', mkey)
 write_outcome(X, member, outcome)
-recent_add(X, Q, run, 'cancelled', tonumber(f[4]) or 0, nil, f[2], '')
+recent_add(X, Q, run, 'cancelled', tonumber(attempts) or 0, nil, ck, '')
 history_add(X, Q, 'cancelled', 1)
 HOOK.finish(X)
 state_flush(X)

@@ -82,21 +82,23 @@ end
 
 -- The run hash's fields (the optional ones only when set).
 local function run_fields(run)
-  local fields = {'q', queue, 'k', run.ck, 'p', run.payload, 's', run.score,
-    't', C.now, 'a', 0, 'd', 0, 'st', 'queued'}
+  local field = RUN_FIELD
+  local fields = {field.queue, queue, field.ck, run.ck, field.payload, run.payload,
+    field.score, run.score, field.enqueued_at, C.now, field.attempts, 0, field.lease_token, 0,
+    field.state, 'queued'}
   -- the optional ones (a closure per run cost more than the fields)
-  if run.tenant ~= '' then push_field(fields, 'n', run.tenant) end
-  if run.ttl_deadline > 0 then push_field(fields, 'x', run.ttl_deadline) end
-  if run.keep ~= '' then push_field(fields, 'o', run.keep) end
-  if run.timeout > 0 then push_field(fields, 'to', run.timeout) end
-  if run.trace ~= '' then push_field(fields, 'tc', run.trace) end
+  if run.tenant ~= '' then push_field(fields, field.tenant, run.tenant) end
+  if run.ttl_deadline > 0 then push_field(fields, field.ttl_deadline, run.ttl_deadline) end
+  if run.keep ~= '' then push_field(fields, field.outcome_policy, run.keep) end
+  if run.timeout > 0 then push_field(fields, field.timeout, run.timeout) end
+  if run.trace ~= '' then push_field(fields, field.trace, run.trace) end
   return fields
 end
 
 -- Create a run hash unless the run id is taken (returns false then). `free`: the caller
 -- checked already that it is not. Else one command where the server has HSETEX (Valkey
 -- >= 9, Redis >= 8: FNX sets the fields only if none of them exists, and every run hash
--- holds 'q' and 'st'), or EXISTS then HSET (no such command, or the user may not run it).
+-- holds its queue and state), or EXISTS then HSET (no such command, or the user may not run it).
 local function create_hash(mkey, fields, free)
   if not free then
     local done = redis.pcall('HSETEX', mkey, 'FNX', 'FIELDS', #fields / 2, unpack(fields))

@@ -26,13 +26,13 @@ local due = redis.call('ZRANGEBYSCORE', X.ttl, '-inf', X.now, 'LIMIT', 0, batch)
 local reply = {S.OK, 0}
 for _, member in ipairs(due) do
   local mkey = run_key(tag, member)
-  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'a')
-  if f[1] and f[3] == 'queued' then
+  local queue, ck, state, attempts = run_read_expire_ttl(mkey)
+  if queue and state == 'queued' then
     local env_id, run = split_member(member)
-    local Q = run_queue(X, env_id, f[1])
-    unqueue(X, Q, f[2], run)
-    if f[2] ~= '' then variant_refresh(X, Q, f[2]) end
-    expire_run(X, Q, f[2], run, member, tonumber(f[4]))
+    local Q = run_queue(X, env_id, queue)
+    unqueue(X, Q, ck, run)
+    if ck ~= '' then variant_refresh(X, Q, ck) end
+    expire_run(X, Q, ck, run, member, tonumber(attempts))
     reply[2] = reply[2] + 1
     reply[#reply + 1] = member
   else

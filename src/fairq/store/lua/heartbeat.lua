@@ -32,20 +32,20 @@ local deadline = C.now + lease_ms
 local statuses, extended = {}, {}
 for _, t in ipairs(todo) do
   local mkey = run_key(tag, t[1])
-  local f = redis.call('HMGET', mkey, 'st', 'd', 'cx')
-  if not f[1] then
+  local state, lease_token, cancel_requested = run_read_heartbeat(mkey)
+  if not state then
     statuses[#statuses + 1] = S.UNKNOWN_RUN
-  elseif f[1] ~= 'running' or not same_token(f[2], t[2]) then
+  elseif state ~= 'running' or not same_token(lease_token, t[2]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
     if t[3] ~= '' then
-      redis.call('HSET', mkey, 'l', deadline, 'pg', t[3])
+      redis.call('HSET', mkey, RUN_FIELD.lease_deadline, deadline, RUN_FIELD.progress, t[3])
     else
-      redis.call('HSET', mkey, 'l', deadline)
+      redis.call('HSET', mkey, RUN_FIELD.lease_deadline, deadline)
     end
     extended[#extended + 1] = deadline
     extended[#extended + 1] = t[1]
-    statuses[#statuses + 1] = f[3] and S.CANCEL_REQUESTED or S.EXTENDED
+    statuses[#statuses + 1] = cancel_requested and S.CANCEL_REQUESTED or S.EXTENDED
   end
 end
 if #extended > 0 then call_chunked('ZADD', leases, extended, 'XX') end

@@ -46,30 +46,33 @@ local traceback = ARGV[FIRST_ARG + 8] or ''
 
 local X = state_new(C, tag)
 local mkey = run_key(tag, member)
-local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'a', 'ta', 'n', 'ls')
-if not f[1] then return {S.UNKNOWN_RUN, 0} end
-if f[3] ~= 'running' or not same_token(f[4], token) then return {S.LEASE_LOST, 0} end
-local Q = run_queue(X, env_id, f[1])
-local ck, ta = f[2], f[6] or ''
-local attempt = tonumber(f[5]) + increment
+local queue, ck, state, lease_token, attempts, slot_tenant, tenant, lease_start =
+  run_read_nack(mkey)
+if not queue then return {S.UNKNOWN_RUN, 0} end
+if state ~= 'running' or not same_token(lease_token, token) then return {S.LEASE_LOST, 0} end
+local Q = run_queue(X, env_id, queue)
+local ta = slot_tenant or ''
+local attempt = tonumber(attempts) + increment
 free_slots(X, Q, ck, run, ta)
 X.lease_del[#X.lease_del + 1] = member
-local started = tonumber(f[8])
+local started = tonumber(lease_start)
 if started then HOOK.charge(X, Q, flow_of(ck), ta, X.now - started) end
 local status
 if increment > 0 and attempt >= max_attempts then
   -- dead letter: the hash stays for inspection and redrive
-  redis.call('HSET', mkey, 'a', attempt, 'st', 'dlq', 'l', X.now, 'e', error_text, 'tb', traceback,
-    'ta', '')
+  redis.call('HSET', mkey, RUN_FIELD.attempts, attempt, RUN_FIELD.state, 'dlq',
+    RUN_FIELD.lease_deadline, X.now, RUN_FIELD.error, error_text,
+    RUN_FIELD.traceback, traceback, RUN_FIELD.slot_tenant, '')
   redis.call('ZADD', env_key(Q.V, 'dlq'), X.now, run)
   if outcome ~= '' then write_outcome(X, member, outcome) end
   recent_add(X, Q, run, 'dead_lettered', attempt, started, ck, ta)
   history_add(X, Q, 'dead_lettered', 1)
   status = S.DEAD_LETTERED
 else
-  redis.call('HSET', mkey, 'a', attempt, 'st', 'queued', 's', retry_at, 'e', error_text,
-    'tb', traceback, 'ta', '')
-  place_queued(X, Q, ck, run, retry_at, f[7] or '')
+  redis.call('HSET', mkey, RUN_FIELD.attempts, attempt, RUN_FIELD.state, 'queued',
+    RUN_FIELD.score, retry_at, RUN_FIELD.error, error_text,
+    RUN_FIELD.traceback, traceback, RUN_FIELD.slot_tenant, '')
+  place_queued(X, Q, ck, run, retry_at, tenant or '')
   if increment > 0 then history_add(X, Q, 'retried', 1) end
   status = S.REQUEUED
 end

@@ -27,13 +27,13 @@ local reply = {S.OK, 0}
 for _, member in ipairs(lapsed) do
   X.lease_del[#X.lease_del + 1] = member
   local mkey = run_key(tag, member)
-  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 's', 'ta', 'n')
-  if f[1] and f[3] == 'running' then
+  local queue, ck, state, score, slot_tenant, tenant = run_read_reclaim(mkey)
+  if queue and state == 'running' then
     local env_id, run = split_member(member)
-    local Q = run_queue(X, env_id, f[1])
-    free_slots(X, Q, f[2], run, f[5] or '')
-    redis.call('HSET', mkey, 'st', 'queued', 'ta', '')
-    place_queued(X, Q, f[2], run, tonumber(f[4]), f[6] or '')
+    local Q = run_queue(X, env_id, queue)
+    free_slots(X, Q, ck, run, slot_tenant or '')
+    redis.call('HSET', mkey, RUN_FIELD.state, 'queued', RUN_FIELD.slot_tenant, '')
+    place_queued(X, Q, ck, run, tonumber(score), tenant or '')
     reply[2] = reply[2] + 1
     reply[#reply + 1] = member
   end

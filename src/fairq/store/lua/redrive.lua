@@ -23,12 +23,13 @@ local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', 128)
 local X = state_new(C, tag)
 local member = env_id .. ':' .. run
 local mkey = run_key(tag, member)
-local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'n')
-if f[3] ~= 'dlq' then return S.NOT_IN_DLQ end
-local Q = run_queue(X, env_id, f[1])
+local queue, ck, state, tenant = run_read_redrive(mkey)
+if state ~= 'dlq' then return S.NOT_IN_DLQ end
+local Q = run_queue(X, env_id, queue)
 redis.call('ZREM', env_key(Q.V, 'dlq'), run)
-redis.call('HSET', mkey, 'a', 0, 'st', 'queued', 's', X.now)
-place_queued(X, Q, f[2], run, X.now, f[4] or '')
+redis.call('HSET', mkey, RUN_FIELD.attempts, 0, RUN_FIELD.state, 'queued',
+  RUN_FIELD.score, X.now)
+place_queued(X, Q, ck, run, X.now, tenant or '')
 X.wake = true
 HOOK.finish(X)
 state_flush(X)

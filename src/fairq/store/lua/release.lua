@@ -30,14 +30,14 @@ local X = state_new(C, tag)
 local statuses = {}
 for _, t in ipairs(todo) do
   local mkey = run_key(tag, t[1])
-  local f = redis.call('HMGET', mkey, 'q', 'k', 'st', 'd', 'ta')
-  if not f[1] then
+  local queue, ck, state, lease_token, slot_tenant = run_read_release(mkey)
+  if not queue then
     statuses[#statuses + 1] = S.UNKNOWN_RUN
-  elseif f[3] ~= 'running' or not same_token(f[4], t[2]) then
+  elseif state ~= 'running' or not same_token(lease_token, t[2]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
-    local removed = free_slots(X, run_queue(X, t[3], f[1]), f[2], t[4], f[5] or '')
-    if removed == 1 then redis.call('HSET', mkey, 'ta', '') end
+    local removed = free_slots(X, run_queue(X, t[3], queue), ck, t[4], slot_tenant or '')
+    if removed == 1 then redis.call('HSET', mkey, RUN_FIELD.slot_tenant, '') end
     statuses[#statuses + 1] = removed == 1 and S.RELEASED or S.NOT_HELD
   end
 end

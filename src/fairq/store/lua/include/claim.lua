@@ -1,21 +1,16 @@
 -- claim.lua: lease the ready runs at the head of one flow.
 --@require state counters runs
 
---- Fields of one delivered run in a dequeue reply.
-local DELIVERY_FIELDS = 12
-
 -- Claim up to `limit` ready runs (score <= now, oldest first) of flow `flow` of queue Q
 -- into their slots, leasing each until now + lease_ms. `ta` is the named tenant the
 -- runs' slots count under ('' = none). Stale entries (hash gone) are dropped; runs
--- whose TTL passed are reported, never delivered. Each delivered run appends
---   run id, queue, payload, encoded key, tenant, attempt, lease token, score, enqueued at,
---   timeout (ms, 0 = none), outcome policy ('' | 'keep'), trace context ('' = none)
--- to `out`. With `max_score`, only runs scored below it (or equal, when `tie_ok`) are
+-- whose TTL passed are reported, never delivered. Each delivered run is appended to
+-- `out` (delivery_add: the fields fairq/store/run_hash.py's DELIVERY_FIELDS lists). With `max_score`, only runs scored below it (or equal, when `tie_ok`) are
 -- claimed. Returns the number delivered and the flow's next head score (nil = empty).
 local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
   local keyless = flow == KEYLESS_FLOW
   local ck = keyless and '' or flow
-  local qkey = keyless and queue_key(Q.B, 'queued') or variant_key(Q.B, ck, 'queued')
+  local queued_key = keyless and queue_key(Q.B, 'queued') or variant_key(Q.B, ck, 'queued')
   local delivered, head, waited = 0, nil, 0
   local taken, removed = {}, 0
   local deadline = X.now + lease_ms
@@ -23,7 +18,7 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
     local want = limit - delivered
     if want <= 0 then break end
     -- want + 1 entries by rank: the ready ones to claim, and what follows (the new head)
-    local entries = redis.call('ZRANGE', qkey, 0, want, 'WITHSCORES')
+    local entries = redis.call('ZRANGE', queued_key, 0, want, 'WITHSCORES')
     head = nil
     local looked = {}
     for i = 1, #entries, 2 do
@@ -36,41 +31,35 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
       looked[#looked + 1] = run
       local member = Q.env_id .. ':' .. run
       local mkey = run_key(X.tag, member)
-      local f = redis.call('HMGET', mkey, 'p', 'a', 's', 't', 'x', 'd', 'to', 'o', 'tc')
-      if not f[1] then
+      local payload, attempts, score, enqueued_at, ttl_deadline, lease_token, timeout,
+        outcome_policy, trace = run_read_claim(mkey)
+      local expires = tonumber(ttl_deadline or '0')
+      if not payload then
         -- stale: the run was finished elsewhere; nothing to deliver
-      elseif tonumber(f[5] or '0') > 0 and tonumber(f[5]) <= X.now then
-        expire_run(X, Q, ck, run, member, tonumber(f[2]))
+      elseif expires > 0 and expires <= X.now then
+        expire_run(X, Q, ck, run, member, tonumber(attempts))
       else
-        local token = tonumber(f[6] or '0') + 1
-        if tonumber(f[5] or '0') > 0 then
+        local token = tonumber(lease_token or '0') + 1
+        if expires > 0 then
           -- a delivered run loses its TTL (a retry must not expire it)
-          redis.call('HSET', mkey, 'st', 'running', 'l', deadline, 'ls', X.now, 'd', token,
-            'ta', ta, 'x', 0)
+          redis.call('HSET', mkey, RUN_FIELD.state, 'running', RUN_FIELD.lease_deadline, deadline,
+            RUN_FIELD.lease_start, X.now, RUN_FIELD.lease_token, token, RUN_FIELD.slot_tenant, ta,
+            RUN_FIELD.ttl_deadline, 0)
           X.ttl_del[#X.ttl_del + 1] = member
         else
-          redis.call('HSET', mkey, 'st', 'running', 'l', deadline, 'ls', X.now, 'd', token, 'ta', ta)
+          redis.call('HSET', mkey, RUN_FIELD.state, 'running', RUN_FIELD.lease_deadline, deadline,
+            RUN_FIELD.lease_start, X.now, RUN_FIELD.lease_token, token, RUN_FIELD.slot_tenant, ta)
         end
         X.lease_add[#X.lease_add + 1] = deadline
         X.lease_add[#X.lease_add + 1] = member
         taken[#taken + 1] = run
-        out[#out + 1] = run
-        out[#out + 1] = Q.name
-        out[#out + 1] = f[1]
-        out[#out + 1] = ck
-        out[#out + 1] = ta
-        out[#out + 1] = f[2]
-        out[#out + 1] = token
-        out[#out + 1] = f[3]
-        out[#out + 1] = f[4]
-        out[#out + 1] = f[7] or 0
-        out[#out + 1] = f[8] or ''
-        out[#out + 1] = f[9] or ''
-        waited = waited + math.max(0, X.now - (tonumber(f[3]) or X.now))
+        delivery_add(out, run, Q.name, payload, ck, ta, attempts, token, score, enqueued_at,
+          timeout or 0, outcome_policy or '', trace or '')
+        waited = waited + math.max(0, X.now - (tonumber(score) or X.now))
         delivered = delivered + 1
       end
     end
-    if #looked > 0 then removed = removed + call_chunked('ZREM', qkey, looked) end
+    if #looked > 0 then removed = removed + call_chunked('ZREM', queued_key, looked) end
     -- head == nil: every entry there was consumed, so the flow is empty
     if head == nil or head > X.now or (max_score ~= nil and head >= max_score) then break end
   end

@@ -17,15 +17,17 @@ local function queued_truth(B)
   return total
 end
 
--- Keyed runs of `queue` holding a slot, and slot holders per named tenant: read from
+-- Keyed runs of `queue_name` holding a slot, and slot holders per named tenant: read from
 -- the environment's in-flight set (bounded by its concurrency limit).
-local function running_truth(tag, V, env_id, queue)
+local function running_truth(tag, V, env_id, queue_name)
   local keyed, tenants = 0, {}
   for _, run in ipairs(redis.call('SMEMBERS', env_key(V, 'inflight'))) do
-    local f = redis.call('HMGET', run_key(tag, env_id .. ':' .. run), 'q', 'k', 'ta')
-    if f[1] == queue then
-      if f[2] and f[2] ~= '' then keyed = keyed + 1 end
-      if f[3] and f[3] ~= '' then tenants[f[3]] = (tenants[f[3]] or 0) + 1 end
+    local queue, ck, slot_tenant = run_read_running_truth(run_key(tag, env_id .. ':' .. run))
+    if queue == queue_name then
+      if ck and ck ~= '' then keyed = keyed + 1 end
+      if slot_tenant and slot_tenant ~= '' then
+        tenants[slot_tenant] = (tenants[slot_tenant] or 0) + 1
+      end
     end
   end
   return keyed, tenants

@@ -1,10 +1,6 @@
 -- runs.lua: where a run lives, and the bookkeeping every state change shares.
--- Message hash fields: q queue, k encoded concurrency key ('' = none), n tenant named at
--- enqueue ('' = none), p payload, s score (ms), t enqueued at (ms), a attempts,
--- d deliveries (the lease token), x TTL deadline (ms, 0 = none), st state ('queued' |
--- 'running' | 'dlq'), l lease deadline (ms), ls lease start (ms), ta the named tenant
--- whose slot count the run holds while running ('' = none), o 'keep' when a completed
--- run's outcome must be kept even without a result, e error of the last failed attempt.
+-- A run's hash is read with the generated run_read_<name> readers and written with the
+-- generated RUN_FIELD names (its fields are listed in fairq/store/run_hash.py).
 -- A queue context Q is {name, env_id, V, B, ...} (see config.lua); a flow is a variant's
 -- encoded key, or KEYLESS_FLOW for the queue's keyless runs.
 --@require state counters
