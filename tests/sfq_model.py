@@ -54,9 +54,36 @@ FLOOR_MEMBER = "~floor"
 KEYS_LOADED = 16
 
 
+def flow_of(key: str | None, tenant: str | None) -> str:
+    """The flow of a run: a key scoped by its named tenant (``T/k``, ``T/`` for the
+    tenant's keyless runs), a key of no named tenant, or ``*``."""
+    if tenant:
+        return f"{tenant}/{key or ''}"
+    return KEYLESS if key is None else key
+
+
+def flow_tenant(flow: str) -> str | None:
+    """The named tenant of a flow (None: it names none)."""
+    return flow.split("/", 1)[0] if "/" in flow else None
+
+
+def flow_key(flow: str) -> str:
+    """The concurrency key of a flow ('' = none)."""
+    if flow == KEYLESS:
+        return ""
+    return flow.split("/", 1)[1] if "/" in flow else flow
+
+
+def keyless_group(flow: str) -> bool:
+    """Whether a flow's runs hold the queue's keyless slots (it has no key)."""
+    return flow == KEYLESS or flow.endswith("/")
+
+
 def default_tenant(queue: str, flow: str) -> str:
-    """The tenant of a flow whose runs name none: the key itself, or ``/<queue>``."""
-    return "/" + queue if flow == KEYLESS else flow
+    """The tenant a flow belongs to: its named tenant, else its key, or ``/<queue>``."""
+    if flow == KEYLESS:
+        return "/" + queue
+    return flow_tenant(flow) or flow
 
 
 def park_text(kind: str, tag: float) -> str:
@@ -83,7 +110,6 @@ class QueueModel:
     queued: dict[str, dict[str, int]] = field(default_factory=dict)  # flow -> run -> score
     inflight: dict[str, set[str]] = field(default_factory=dict)  # flow -> runs
     trunning: dict[str, int] = field(default_factory=dict)  # named tenant -> runs in flight
-    ftenant: dict[str, str] = field(default_factory=dict)  # flow -> named tenant
     tq: dict[str, float] = field(default_factory=dict)  # tenant -> tag copy
     keysets: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant -> key -> tag
     kfloor: dict[str, float] = field(default_factory=dict)  # tenant -> key floor (~floor)
@@ -104,6 +130,9 @@ class QueueModel:
         return sorted(out, key=lambda e: (e[1], e[0]))
 
     def running(self, flow: str) -> int:
+        """Slots the flow holds: its own, or the keyless slots every keyless flow shares."""
+        if keyless_group(flow):
+            return sum(len(r) for f, r in self.inflight.items() if keyless_group(f))
         return len(self.inflight.get(flow, ()))
 
     def keys_of(self, tenant: str) -> dict[str, float]:
@@ -251,7 +280,7 @@ class SfqModel:
         if f"k:{flow}" in q.park:
             return None
         kf = self._key_floor(call, q, tenant)
-        if tenant != flow and tenant not in kk and q.queued.get(tenant) and tenant not in q.ftenant:
+        if tenant != flow and tenant not in kk and q.queued.get(tenant):
             # a key named as the tenant serves as its own tenant here: it joins the set
             kk[tenant] = float(kf[0])
         tag = self._key_join(call, q, tenant)
@@ -262,9 +291,8 @@ class SfqModel:
         call.kadded.add((q.name, tenant))
         return tag
 
-    def _flow_queued(
-        self, call: _Call, q: QueueModel, flow: str, score: int, tenant: str, is_new: bool
-    ) -> None:
+    def _flow_queued(self, call: _Call, q: QueueModel, flow: str, score: int, is_new: bool) -> None:
+        tenant = flow_tenant(flow) or ""
         default = default_tenant(q.name, flow)
         if not is_new:
             # a head that moved earlier may bring a time-parked flow back sooner
@@ -272,23 +300,20 @@ class SfqModel:
                 if member in q.parkdue and score < q.parkdue[member]:
                     q.parkdue[member] = score
             return
-        if tenant in ("", default):
+        if not tenant:
             self._register_pair(call, q, default)
         else:
             self._register_key(call, q, tenant, flow)
             self._register_pair(call, q, tenant)
 
-    def _place(
-        self, call: _Call, q: QueueModel, flow: str, run: str, score: int, tenant: str
-    ) -> None:
+    def _place(self, call: _Call, q: QueueModel, flow: str, run: str, score: int) -> None:
         runs = q.queued.setdefault(flow, {})
         head = min(runs.values()) if runs else None
         runs[run] = score
         if head is None or score < head:
-            if head is None and tenant:
-                q.ftenant[flow] = tenant
+            if head is None and flow_tenant(flow):
                 q.named = True
-            self._flow_queued(call, q, flow, score, tenant, head is None)
+            self._flow_queued(call, q, flow, score, head is None)
 
     # ------------------------------------------------------------------ parking
 
@@ -304,8 +329,8 @@ class SfqModel:
             q.tq.setdefault(name, tag)
             del q.park[member]
         else:
-            named = q.ftenant.get(name)
-            tenant = named or default_tenant(q.name, name)
+            named = flow_tenant(name)
+            tenant = default_tenant(q.name, name)
             if named:
                 q.keys_of(tenant).setdefault(name, tag)
                 call.kadded.add((q.name, tenant))
@@ -346,9 +371,9 @@ class SfqModel:
     ) -> None:
         if run in self.runs:
             return
-        flow = KEYLESS if key is None else key
+        flow = flow_of(key, tenant)
         self.runs[run] = Run(queue, flow, tenant or "", score)
-        self._place(_Call(now), self.queue(queue), flow, run, score, tenant or "")
+        self._place(_Call(now), self.queue(queue), flow, run, score)
 
     def ack(self, run: str, now: int = 0) -> None:
         self._free(_Call(now), run)
@@ -358,7 +383,7 @@ class SfqModel:
         call = _Call(now)
         run = self._free(call, run_id)
         run.score = retry_at
-        self._place(call, self.queues[run.queue], run.flow, run_id, retry_at, run.tenant)
+        self._place(call, self.queues[run.queue], run.flow, run_id, retry_at)
 
     def delete_floor(self) -> None:
         self.tfloor = None
@@ -367,13 +392,13 @@ class SfqModel:
 
     def _room(self, q: QueueModel, flow: str, tenant: str, named: bool) -> tuple[float, str | None]:
         limit = self.limit(q)
-        cap = limit if flow == KEYLESS else q.kcaps.get(flow, limit)
+        cap = limit if keyless_group(flow) else q.kcaps.get(flow_key(flow), limit)
         room: float = INF
         bound = None
         if cap < self.env_limit:
             room, bound = cap - q.running(flow), "key"
         if named:
-            tcap = q.tcaps.get(tenant, limit)
+            tcap = q.tcaps.get(tenant, UNLIMITED)  # a named tenant has no cap by default
             if tcap < self.env_limit:
                 t_room = tcap - q.trunning.get(tenant, 0)
                 if t_room < room:
@@ -400,8 +425,6 @@ class SfqModel:
         if ta and ready:
             q.trunning[ta] = q.trunning.get(ta, 0) + len(ready)
         head = min(runs.values()) if runs else None
-        if head is None and ta:
-            q.ftenant.pop(flow, None)
         return len(ready), head
 
     # ------------------------------------------------------------------ the fair serve
@@ -485,10 +508,9 @@ class SfqModel:
                 if q.name in heads:
                     flows.append(KEYLESS)
                     found[KEYLESS] = float(heads[q.name])
-                named = {f: q.ftenant.get(f) for f in flows}
                 unknown: list[tuple[str, str]] = []
                 for f in flows:
-                    tenant = named[f] or default_tenant(q.name, f)
+                    tenant = default_tenant(q.name, f)
                     p = by_id.get((tenant, q.name))
                     if p is None:
                         unknown.append((tenant, f))
@@ -498,7 +520,7 @@ class SfqModel:
                 scores = [q.tq.get(t) for t, _ in unknown]
                 for (tenant, f), score in zip(unknown, scores, strict=True):
                     if score is None and f"k:{f}" not in q.park and f"t:{tenant}" not in q.park:
-                        if named[f]:
+                        if flow_tenant(f):
                             self._register_key(call, q, tenant, f)
                         self._register_pair(call, q, tenant)
                         score = q.tq.get(tenant)
@@ -619,7 +641,7 @@ class SfqModel:
                 if flow is None:
                     p.active = False
                     continue
-                named = p.tenant != default_tenant(q.name, flow)
+                named = flow_tenant(flow) is not None
                 per_key = self.max_per_key or budget
                 sid = (q.name, flow)
                 want = min(budget - served, per_key - served_of.get(sid, 0))
@@ -737,7 +759,7 @@ class SfqModel:
         return out
 
     def _kw(self, q: QueueModel, flow: str) -> float:
-        return 1.0 if flow == KEYLESS else q.key_weights.get(flow, 1.0)
+        return 1.0 if keyless_group(flow) else q.key_weights.get(flow_key(flow), 1.0)
 
     # ------------------------------------------------------------------ the age order
 
@@ -763,7 +785,9 @@ class SfqModel:
                 break
             c, second = active[0], (active[1] if len(active) > 1 else None)
             flow = c.flow
-            room, _ = self._room(q, flow, flow, False)
+            room, _ = self._room(
+                q, flow, default_tenant(q.name, flow), flow_tenant(flow) is not None
+            )
             take = int(min(n - served, per_key - c.served, room))
             if take <= 0:
                 c.active = False

@@ -62,10 +62,25 @@ async def ready_tenants(rq: RunQueue, env: Environment, queue: str) -> dict[str,
 
 
 async def tenant_keys(rq: RunQueue, env: Environment, queue: str, tenant: str) -> dict[str, float]:
-    """The keys of a named tenant in a queue (B:t:N:keys) -> their tag inside the tenant."""
+    """The keys of a named tenant in a queue (B:t:N:keys) -> their tag inside the tenant,
+    by key (its flow ``N/K`` shown as ``K``, its keyless flow ``N/`` as ''; an unnamed
+    key serving as the tenant keeps its name)."""
     q = rq.keys.queue(env, queue)
     raw = await rq.client.zrange(q.tenant_keys(K.encode_tenant(tenant)), 0, -1, withscores=True)
-    return {s(m): float(sc) for m, sc in raw if s(m) != K.FLOOR_MEMBER}
+    return {K.split_flow(s(m))[1]: float(sc) for m, sc in raw if s(m) != K.FLOOR_MEMBER}
+
+
+async def set_tenant_keys(
+    rq: RunQueue, env: Environment, queue: str, tenant: str, tags: dict[str, float]
+) -> None:
+    """Write tags into a named tenant's key set, by key (``K.FLOOR_MEMBER`` for its floor)."""
+    q = rq.keys.queue(env, queue)
+    encoded = K.encode_tenant(tenant)
+    members = {
+        m if m == K.FLOOR_MEMBER else K.flow_of(K.encode_concurrency_key(m), encoded): v
+        for m, v in tags.items()
+    }
+    await rq.client.zadd(q.tenant_keys(encoded), members)
 
 
 async def key_floor(rq: RunQueue, env: Environment, queue: str, tenant: str) -> float | None:

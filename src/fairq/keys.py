@@ -58,7 +58,7 @@ Per environment (``V`` = ``T:e:E``, keys ``V:<name>``)
 Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   queued       ZSET  keyless runs: run id -> score (ms)
   inflight     SET   keyless runs holding a queue slot
-  ckindex      ZSET  K -> head score (ms) of every variant with queued runs
+  ckindex      ZSET  F -> head score (ms) of every variant with queued runs
   ckqueued     STRING runs queued across all variants (lazy, TTL)
   ckrunning    STRING runs in flight across all variants (lazy, TTL)
   trunning     HASH  tenant -> runs in flight (runs with a named tenant; lazy, TTL)
@@ -70,13 +70,12 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   ckweights    HASH  K -> weight inside its tenant (fair order; sparse, default 1)
   tq           ZSET  tenant -> copy of its virtual tag, for tenants with servable flows
                      here (fair order)
-  ftenant      HASH  K (or ``*``) -> the named tenant its queued runs belong to
   park         HASH  ``t:N`` / ``k:K`` -> tag of a tenant or key taken out of the fair
                      order while gated (at a cap, rate-limited, or only future runs)
   parkdue      ZSET  the same members -> when a time-gated one may return (ms)
   recent       LIST  the last finished runs (one line each), newest first, bounded
   ``h:<bucket>``  HASH  per-10-s history: runs served, waited, finished… (EXPIRE)
-Per variant (``B:ck:K:<name>``)
+Per variant (``B:ck:F:<name>``; ``F`` a flow: ``K``, or a named tenant's ``N/K`` or ``N/``)
   queued       ZSET  the variant's runs: run id -> score (ms)
   inflight     SET   the variant's runs holding a slot
 Per tenant of a queue (``B:t:N:<name>``; only for tenants that own several keys here)
@@ -118,6 +117,27 @@ KIND_CK: Final = "ck"
 KEYLESS_FLOW: Final = "*"
 #: The member of a virtual-tag index that holds its floor (no encoded name has ``~``).
 FLOOR_MEMBER: Final = "~floor"
+#: Between a named tenant and its key in a flow's name (no encoded name has ``/``): a
+#: flow is ``K`` (a key of no named tenant), ``N/K`` (tenant N's key K), ``N/`` (tenant
+#: N's runs without a key) or ``*`` (the keyless runs of no named tenant).
+FLOW_TENANT_SEPARATOR: Final = "/"
+
+
+def flow_of(encoded_key: str, encoded_tenant: str) -> str:
+    """The flow a run belongs to: a key is scoped by the run's named tenant, so two
+    tenants using one key name have two flows (neither can take the other's service)."""
+    if encoded_tenant:
+        return f"{encoded_tenant}{FLOW_TENANT_SEPARATOR}{encoded_key}"
+    return encoded_key or KEYLESS_FLOW
+
+
+def split_flow(flow: str) -> tuple[str | None, str]:
+    """Invert :func:`flow_of`: ``(encoded tenant or None, encoded key or '')``."""
+    if flow == KEYLESS_FLOW:
+        return None, ""
+    tenant, sep, key = flow.partition(FLOW_TENANT_SEPARATOR)
+    return (tenant, key) if sep else (None, flow)
+
 
 #: Per-shard keys: attribute -> suffix (``T:<suffix>``).
 SHARD_KEYS: Final = {
@@ -155,7 +175,6 @@ QUEUE_KEYS: Final = {
     "buckets": "buckets",
     "key_weights": "ckweights",
     "ready_tenants": "tq",
-    "flow_tenants": "ftenant",
     "parked": "park",
     "parked_due": "parkdue",
     "recent": "recent",
@@ -326,7 +345,6 @@ class QueueKeys:
     buckets: str
     key_weights: str
     ready_tenants: str
-    flow_tenants: str
     parked: str
     parked_due: str
     recent: str
@@ -481,6 +499,34 @@ def _lua_table(name: str, table: dict[str, str], fair: bool) -> str:
     return f"local {name} = {{ {body} }}"
 
 
+#: Lua: a flow's name from a run's encoded key and named tenant, and back (see flow_of).
+_LUA_FLOWS: Final = (
+    "local function flow_of(ck, tenant)",
+    "  if tenant ~= nil and tenant ~= '' then",
+    f"    return tenant .. '{FLOW_TENANT_SEPARATOR}' .. ck",
+    "  end",
+    "  if ck == '' then return KEYLESS_FLOW end",
+    "  return ck",
+    "end",
+    "-- the named tenant of a flow (nil: none), and its encoded key ('' = none)",
+    "local function flow_tenant(flow)",
+    f"  local at = string.find(flow, '{FLOW_TENANT_SEPARATOR}', 1, true)",
+    "  if at == nil then return nil end",
+    "  return string.sub(flow, 1, at - 1)",
+    "end",
+    "local function flow_key(flow)",
+    "  if flow == KEYLESS_FLOW then return '' end",
+    f"  local at = string.find(flow, '{FLOW_TENANT_SEPARATOR}', 1, true)",
+    "  if at == nil then return flow end",
+    "  return string.sub(flow, at + 1)",
+    "end",
+    "-- whether a flow's runs hold the queue's keyless slots (they have no key)",
+    "local function flow_keyless(flow)",
+    f"  return flow == KEYLESS_FLOW or string.sub(flow, -1) == '{FLOW_TENANT_SEPARATOR}'",
+    "end",
+)
+
+
 def lua_schema(*, fair: bool = True) -> str:
     """The Lua key builders, generated from the tables above (see fairq.store.scripts).
 
@@ -501,6 +547,7 @@ def lua_schema(*, fair: bool = True) -> str:
             _lua_table("VARIANT_KEYS", VARIANT_KEYS, fair),
             *([_lua_table("TENANT_KEYS", TENANT_KEYS, fair)] if fair else []),
             f"local KEYLESS_FLOW = '{KEYLESS_FLOW}'",
+            *_LUA_FLOWS,
             f"local KIND_QUEUE, KIND_CK = '{KIND_QUEUE}', '{KIND_CK}'",
             "local function shard_key(tag, name) return tag .. ':' .. SHARD_KEYS[name] end",
             f"local function env_prefix(tag, env_id) return tag .. ':{ENV_PART}:' .. env_id end",

@@ -190,7 +190,7 @@ class Finish:
 class VariantStats:
     """One concurrency-key variant of a queue."""
 
-    concurrency_key: str
+    concurrency_key: str | None
     queued: int
     running: int
     oldest_score_ms: int | None

@@ -595,7 +595,7 @@ class TestDriftSourcesDesignedOut:
         write = re.compile(
             r"(?:redis\.call|call_chunked)\(\s*'(ZADD|ZREM|ZPOPMIN|ZPOPMAX|ZREMRANGEBY\w+|"
             r"ZUNIONSTORE|ZINTERSTORE|SADD|SREM|SPOP|SMOVE|DEL|UNLINK|RENAME\w*)'\s*,\s*"
-            r"(variant_key\([^)]*'(queued|inflight)'\)|qkey)"
+            r"(variant_key\([^)]*'(queued|inflight)'\)|qkey|flow_(slots|queued)_key\([^)]*\))"
         )
         offenders: list[str] = []
         writers: set[str] = set()
@@ -612,8 +612,8 @@ class TestDriftSourcesDesignedOut:
                 where = f"{name}:{head.group(1) if head else '<body>'}"
                 for m in write.finditer(chunk):
                     writers.add(where)
-                    kind = "inflight" if m.group(3) == "inflight" else "queued"
-                    helper = "ck_running_add" if kind == "inflight" else "ck_queued_add"
+                    slots = m.group(3) == "inflight" or m.group(4) == "slots"
+                    helper = "ck_running_add" if slots else "ck_queued_add"
                     if helper + "(" not in chunk:
                         offenders.append(f"{where}: {m.group(0)} without {helper}")
         assert offenders == []

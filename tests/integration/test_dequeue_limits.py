@@ -375,7 +375,10 @@ async def test_dequeue_variant_honours_rates_and_counts_the_named_tenant(
         [d.run_id for d in await rq.dequeue_variant(env, "q", "k", now_ms=T0)] for _ in "xyz"
     ]
     by_tenant = [
-        [(d.run_id, d.tenant) for d in await rq.dequeue_variant(env, "q", f"u{i}", now_ms=T0)]
+        [
+            (d.run_id, d.tenant)
+            for d in await rq.dequeue_variant(env, "q", f"u{i}", tenant="acme", now_ms=T0)
+        ]
         for i in range(3)
     ]
 

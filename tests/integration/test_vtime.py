@@ -26,6 +26,7 @@ from tests.state import (
     parked,
     ready_tenants,
     s,
+    set_tenant_keys,
     tenant_floor,
     tenant_keys,
     tenant_tags,
@@ -516,12 +517,9 @@ async def test_join_policy_behind_leader_starts_one_quantum_behind_the_leader(
         e = Environment("org1", "proj1", f"cap{int(cap)}")
         await enq(rq, e, "a", "a0", T0, tenant="acme")
         await enq(rq, e, "b", "b0", T0 + 1, tenant="acme")
-        q = rq.keys.queue(e, QUEUE)
         assert await tenant_keys(rq, e, QUEUE, "acme") == {"a": 0.0, "b": 0.0}
         assert await key_floor(rq, e, QUEUE, "acme") == 0.0  # written with the first key
-        await rq.client.zadd(
-            q.tenant_keys(K.encode_tenant("acme")), {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0}
-        )
+        await set_tenant_keys(rq, e, QUEUE, "acme", {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0})
         await set_floor(rq, e, 3.0)
         await rq.client.zadd(rq.keys.env(e).tenant_tags, {"back": 7.0})
         await enq(rq, e, "fresh", "f0", T0 + 2, tenant="acme")
@@ -548,10 +546,7 @@ async def test_join_settings_stored_on_the_server_apply_at_enqueue(
             await rq.set_env_options(e, **settings)
         await enq(rq, e, "a", "a0", T0, tenant="acme")
         await enq(rq, e, "b", "b0", T0 + 1, tenant="acme")
-        q = rq.keys.queue(e, QUEUE)
-        await rq.client.zadd(
-            q.tenant_keys(K.encode_tenant("acme")), {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0}
-        )
+        await set_tenant_keys(rq, e, QUEUE, "acme", {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0})
         await set_floor(rq, e, 3.0)
         await enq(rq, e, "fresh", "f0", T0 + 2, tenant="acme")
         assert (await tenant_keys(rq, e, QUEUE, "acme"))["fresh"] == want, (where, cap)

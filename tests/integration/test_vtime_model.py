@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from tests.sfq_model import CAP_RECHECK_MS, KEYLESS, SfqModel
+from tests.sfq_model import CAP_RECHECK_MS, KEYLESS, SfqModel, flow_of, flow_tenant
 from tests.state import delete_tenant_floor, s
 
 from fairq import keys as K
@@ -94,7 +94,10 @@ def model_state(model: SfqModel, queues: tuple[str, ...]) -> dict[str, Any]:
 
 
 def delivered(batch: list[Delivery]) -> list[tuple[str, str, str, str]]:
-    return [(d.run_id, d.queue, d.concurrency_key or KEYLESS, d.tenant or "") for d in batch]
+    """(run, queue, flow, tenant) of each delivery (the workloads' names need no encoding)."""
+    return [
+        (d.run_id, d.queue, flow_of(d.concurrency_key, d.tenant), d.tenant or "") for d in batch
+    ]
 
 
 async def run_workload(
@@ -319,7 +322,7 @@ async def test_every_queued_flow_is_registered_or_parked(make_queue: Any, env: E
             for flow, runs in q.queued.items():
                 if not runs:
                     continue
-                named = q.ftenant.get(flow)
+                named = flow_tenant(flow)
                 tenant = named or (f"/{name}" if flow == KEYLESS else flow)
                 if named and named != flow:
                     keyset = st.get(f"{name}.keys.{named}", {})

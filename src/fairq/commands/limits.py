@@ -190,7 +190,7 @@ async def get_limits(env_name: str, queue: str | None, as_json: bool, url: str |
         for name in ("Key", "Tenant", "Cap", "Weight"):
             keys.add_column(name, overflow="fold")
         for v in keyed:
-            keys.add_row(escape(v.concurrency_key), escape(v.tenant or ""), _limit(v.cap),
+            keys.add_row(escape(v.concurrency_key or ""), escape(v.tenant or ""), _limit(v.cap),
                          f"{v.weight:g}")  # fmt: skip
         out.print(keys)
     weighted = [t for t in tenants if t.weight != 1.0]

@@ -76,7 +76,7 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
             )
             if breakdown:
                 for v in q.variants:
-                    key = f"  [dim]key[/] {escape(v.key)}"
+                    key = f"  [dim]key[/] {escape(v.key or '(none)')}"
                     extra = ""
                     if q.order == "fair":
                         extra = f"tag {_tag(v.virtual_tag)} w {v.weight:g}"

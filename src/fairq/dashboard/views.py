@@ -52,8 +52,8 @@ def format_wait(seconds: float | None) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} m"
 
 
-def _busiest_first(v: VariantStats) -> tuple[int, str]:
-    return -(v.queued + v.running), v.concurrency_key
+def _busiest_first(v: VariantStats) -> tuple[int, str, str]:
+    return -(v.queued + v.running), v.concurrency_key or "", v.tenant or ""
 
 
 def _size_limit(value: int | None) -> int | None:
@@ -65,7 +65,8 @@ def _size_limit(value: int | None) -> int | None:
 class VariantView:
     """One concurrency-key variant of a queue."""
 
-    key: str
+    #: The concurrency key (None: a named tenant's runs without one).
+    key: str | None
     queued: int
     running: int
     oldest_wait_s: float | None

@@ -524,11 +524,16 @@ class Simulation:
         grain ``ck`` its variant, at grain ``queue`` its queue with the oldest head."""
         self.trace.dequeue_calls += 1
         env = self.workload.key_env[key]
+        # a run's key is scoped by the tenant it names: serve that tenant's flow of the key
+        tenant = self.workload.key_tenant[key]
         if self.scenario.grain == "queue":
             slots = self._open_slots(key)
             if not slots:
                 return []
             queue = min(slots, key=lambda s: (self.waiting[s][0].score_ms, s))
-            return await self.rq.dequeue_variant(env, queue, None, max_count=1, now_ms=now)
+            return await self.rq.dequeue_variant(
+                env, queue, None, tenant=tenant, max_count=1, now_ms=now
+            )
         (queue,) = self.workload.key_queues[key]
-        return await self.rq.dequeue_variant(env, queue, key, max_count=1, now_ms=now)
+        named = None if tenant == key else tenant
+        return await self.rq.dequeue_variant(env, queue, key, tenant=named, max_count=1, now_ms=now)

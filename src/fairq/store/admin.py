@@ -282,8 +282,8 @@ class AdminOps(StoreCore):
     async def set_tenant_concurrency(
         self, env: Environment, queue: str, tenant: str, cap: int | None
     ) -> None:
-        """A concurrency cap for one tenant in a queue, across its keys (an override; a
-        tenant without one is capped at the queue's per-key limit)."""
+        """A concurrency cap for one tenant in a queue, across its keys (a tenant without
+        one has no cap of its own: its keys' caps and the environment's limit apply)."""
         K.validate_name("queue", queue, allow_slash=True)
         value = None if cap is None else cap_value("tenant concurrency cap", cap)
         await self.configure(env, [Change("tenant_caps", queue, K.encode_tenant(tenant), value)])

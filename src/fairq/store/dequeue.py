@@ -200,22 +200,24 @@ class DequeueOps(StoreCore):
         queue: str,
         concurrency_key: str | None,
         *,
+        tenant: str | None = None,
         max_count: int = 1,
         lease_ms: int | None = None,
         now_ms: int | None = None,
     ) -> list[Delivery]:
-        """Lease ready runs of one flow (a key, or the keyless runs with None), oldest
-        first, whatever the queue's order: for reference models that pick the flow
-        themselves. The env gate, the flow's caps (key, tenant, total) and its rate limits
-        apply, and the run is counted for the flow's named tenant; no fair-order state
-        moves."""
+        """Lease ready runs of one flow (a key, or the keyless runs with None, of the
+        named ``tenant`` or of none), oldest first, whatever the queue's order: for
+        reference models that pick the flow themselves. The env gate, the flow's caps
+        (key, tenant, total) and its rate limits apply, and the run is counted for the
+        flow's named tenant; no fair-order state moves."""
         validate.max_count(max_count)
         K.validate_name("queue", queue, allow_slash=True)
         ck = "" if concurrency_key is None else K.encode_concurrency_key(concurrency_key)
+        named = "" if tenant is None else K.encode_tenant(tenant)
         lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)
         reply = await self.call(
             "dequeue_variant", "age", self.keys.tag_of(env),
-            [env.id, queue, ck, str(max_count), str(lease)], now_ms,
+            [env.id, queue, ck, str(max_count), str(lease), named], now_ms,
         )  # fmt: skip
         self.decode("dequeue_variant", reply[0])
         return self._deliveries(env, reply[3])

@@ -37,6 +37,8 @@ HISTORY_OVERFLOW_FIELD: Final = "t:~"
 
 #: What the readers read of a run hash (fairq.store.run_hash field names).
 _OWNER_READ: Final = ("queue", "ck")
+#: What locates a running run's flow: its queue, key and the tenant its slot counts under.
+_FLOW_OWNER_READ: Final = ("queue", "ck", "slot_tenant")
 _DEAD_LETTER_READ: Final = (
     "queue", "ck", "attempts", "payload", "error", "tenant", "traceback",
 )  # fmt: skip
@@ -252,13 +254,13 @@ class ReaderOps(StoreCore):
 
             def owners(pipe: Any) -> None:
                 for run_id in ids:
-                    pipe.hmget(e.message(run_id), run_hash.stored(_OWNER_READ))
+                    pipe.hmget(e.message(run_id), run_hash.stored(_FLOW_OWNER_READ))
 
             extra = sorted(
                 {
-                    text_of(k)
-                    for qn, k in await self.pipeline(owners)
-                    if qn is not None and text_of(qn) == queue and k
+                    K.flow_of(text_of(k), text_of(n) if n else "")
+                    for qn, k, n in await self.pipeline(owners)
+                    if qn is not None and text_of(qn) == queue and (k or n)
                 }
                 - set(names)
             )
@@ -266,28 +268,31 @@ class ReaderOps(StoreCore):
         if not names:
             return []
 
+        # a variant is a flow: a key, or a named tenant's key (or its keyless runs)
+        split = [K.split_flow(flow) for flow in names]
+        keys = [key for _, key in split]
+
         def build(pipe: Any) -> None:
-            for ck in names:
-                pipe.zcard(q.variant_queued(ck))
-                pipe.scard(q.variant_inflight(ck))
-            pipe.hmget(q.flow_tenants, names)
-            pipe.hmget(q.key_weights, names)
-            pipe.hmget(q.key_caps, names)
+            for flow in names:
+                pipe.zcard(q.variant_queued(flow))
+                pipe.scard(q.variant_inflight(flow))
+            pipe.hmget(q.key_weights, keys)
+            pipe.hmget(q.key_caps, keys)
             pipe.zmscore(e.tenant_tags, [*names, K.FLOOR_MEMBER])
-            pipe.hmget(q.parked, [f"t:{ck}" for ck in names])
+            pipe.hmget(q.parked, [f"t:{flow}" for flow in names])
 
         raw = await self.pipeline(build)
-        tenants, weights, caps, tags, parked = raw[-5], raw[-4], raw[-3], raw[-2], raw[-1]
+        weights, caps, tags, parked = raw[-4], raw[-3], raw[-2], raw[-1]
         floor = None if tags[-1] is None else float(tags[-1])
         out = []
-        for i, ck in enumerate(names):
-            named = _opt(tenants[i])
+        for i, flow in enumerate(names):
+            named, key = split[i]
             out.append(
                 VariantStats(
-                    concurrency_key=K.decode_concurrency_key(ck),
+                    concurrency_key=K.decode_concurrency_key(key) if key else None,
                     queued=int(raw[2 * i]),
                     running=int(raw[2 * i + 1]),
-                    oldest_score_ms=heads.get(ck),
+                    oldest_score_ms=heads.get(flow),
                     virtual_tag=None if named else _key_tag(tags[i], parked[i], floor),
                     weight=1.0 if weights[i] is None else float(weights[i]),
                     tenant=K.decode_concurrency_key(named) if named else None,

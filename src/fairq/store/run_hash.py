@@ -79,8 +79,8 @@ RUN_READS: Final[dict[str, tuple[str, ...]]] = {
     "release": ("queue", "ck", "state", "lease_token", "slot_tenant"),
     "cancel": ("queue", "ck", "state", "attempts", "ttl_deadline", "tenant"),
     "redrive": ("queue", "ck", "state", "tenant"),
-    "reclaim": ("queue", "ck", "state", "score", "slot_tenant", "tenant"),
-    "expire_ttl": ("queue", "ck", "state", "attempts"),
+    "reclaim": ("queue", "ck", "state", "score", "slot_tenant", "tenant", "lease_start"),
+    "expire_ttl": ("queue", "ck", "state", "attempts", "tenant"),
     "claim": (
         "payload", "attempts", "score", "enqueued_at", "ttl_deadline", "lease_token", "timeout",
         "outcome_policy", "trace",

@@ -55,7 +55,8 @@ for n = 1, count do
     local env_id, run = env_ids[n], run_ids[n]
     local Q = run_queue(X, env_id, queue)
     local ta = slot_tenant or ''
-    free_slots_later(X, Q, ck, run, ta)
+    local flow = flow_of(ck, ta)
+    free_slots_later(X, Q, flow, run, ta)
     X.lease_del[#X.lease_del + 1] = member
     gone[#gone + 1] = mkey
     if outcome ~= '' then write_outcome(X, member, outcome) end
@@ -64,7 +65,7 @@ for n = 1, count do
     history_add(X, Q, status, 1)
     if started then
       history_add(X, Q, 'run_ms', X.now - started)
-      HOOK.charge(X, Q, flow_of(ck), ta, X.now - started)
+      HOOK.charge(X, Q, flow, ta, X.now - started)
     end
     acked[member] = true
     statuses[#statuses + 1] = S.ACKED

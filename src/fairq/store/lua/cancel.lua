@@ -53,8 +53,7 @@ if state == 'dlq' then
   write_outcome(X, member, outcome)
   return S.REMOVED_FROM_DLQ
 end
-unqueue(X, Q, ck, run)
-if ck ~= '' then variant_refresh(X, Q, ck) end
+unqueue_and_refresh(X, Q, flow_of(ck, tenant or ''), run)
 if tonumber(ttl_deadline or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
 redis.call('DEL', mkey)
 write_outcome(X, member, outcome)

@@ -12,6 +12,7 @@ ARGV
   FIRST_ARG + 2  encoded key ('' = the keyless runs)
   FIRST_ARG + 3  max_count (1..1000)
   FIRST_ARG + 4  lease (ms)
+  FIRST_ARG + 5  encoded named tenant of the flow ('' or absent = none)
 Reply
   {OK, wait (ms from now, -1 = none known), gated (0/1), deliveries} as dequeue.lua
 ]]
@@ -35,6 +36,8 @@ local ck = ARGV[FIRST_ARG + 2]
 if ck ~= '' and not string.match(ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
 local max_count = arg_int(ARGV[FIRST_ARG + 3], 'max_count', 1, 1000)
 local lease_ms = arg_int(ARGV[FIRST_ARG + 4], 'lease_ms', 1, 86400000)
+local named = ARGV[FIRST_ARG + 5] or ''
+if named ~= '' and not string.match(named, '^[%w_%.%-%%]+$') then fail('bad encoded tenant') end
 local X = state_new(C, tag)
 local V = env_prefix(tag, env_id)
 local env, by_name = config_read(X, V, env_id, {queue})
@@ -43,14 +46,13 @@ local out = {}
 local R = result_new()
 local busy = redis.call('SCARD', env_key(V, 'inflight'))
 local n = math.min(max_count, env.limit_burst - busy)
-local flow = ck == '' and KEYLESS_FLOW or ck
+local flow = flow_of(ck, named)
 if n > 0 and not Q.paused then
   -- the flow's named tenant (its cap, rate and slot count), else its default tenant
-  local named = flow_tenants(X, Q, {flow})[flow]
-  local tenant = named or default_tenant(Q.name, flow)
-  local take, buckets = flow_allowance(X, Q, flow, tenant, named and true or false, n, R, false)
+  local take, buckets = flow_allowance(X, Q, flow, default_tenant(Q.name, flow), named ~= '', n,
+    R, false)
   if take > 0 then
-    local got, head = claim(X, Q, flow, take, lease_ms, named or '', out)
+    local got, head = claim(X, Q, flow, take, lease_ms, out)
     took(X, Q, flow, buckets, got)
     if head ~= nil and head > X.now then wait_until(R, head) end
   end

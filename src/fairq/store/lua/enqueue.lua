@@ -143,7 +143,7 @@ for _, run in ipairs(runs) do
     status = S.DUPLICATE
   end
   if status == nil then
-    place_queued(X, Q, run.ck, run.id, run.score, run.tenant)
+    place_queued(X, Q, flow_of(run.ck, run.tenant), run.id, run.score)
     if run.ttl_deadline > 0 then redis.call('ZADD', X.ttl, run.ttl_deadline, member) end
     if size then size = size + 1 end
     status = S.ENQUEUED

@@ -53,10 +53,11 @@ if state ~= 'running' or not same_token(lease_token, token) then return {S.LEASE
 local Q = run_queue(X, env_id, queue)
 local ta = slot_tenant or ''
 local attempt = tonumber(attempts) + increment
-free_slots(X, Q, ck, run, ta)
+local flow = flow_of(ck, ta)
+free_slots(X, Q, flow, run, ta)
 X.lease_del[#X.lease_del + 1] = member
 local started = tonumber(lease_start)
-if started then HOOK.charge(X, Q, flow_of(ck), ta, X.now - started) end
+if started then HOOK.charge(X, Q, flow, ta, X.now - started) end
 local status
 if increment > 0 and attempt >= max_attempts then
   -- dead letter: the hash stays for inspection and redrive
@@ -72,7 +73,7 @@ else
   redis.call('HSET', mkey, RUN_FIELD.attempts, attempt, RUN_FIELD.state, 'queued',
     RUN_FIELD.score, retry_at, RUN_FIELD.error, error_text,
     RUN_FIELD.traceback, traceback, RUN_FIELD.slot_tenant, '')
-  place_queued(X, Q, ck, run, retry_at, tenant or '')
+  place_queued(X, Q, flow_of(ck, tenant or ''), run, retry_at)
   if increment > 0 then history_add(X, Q, 'retried', 1) end
   status = S.REQUEUED
 end

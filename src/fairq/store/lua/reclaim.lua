@@ -27,13 +27,17 @@ local reply = {S.OK, 0}
 for _, member in ipairs(lapsed) do
   X.lease_del[#X.lease_del + 1] = member
   local mkey = run_key(tag, member)
-  local queue, ck, state, score, slot_tenant, tenant = run_read_reclaim(mkey)
+  local queue, ck, state, score, slot_tenant, tenant, lease_start = run_read_reclaim(mkey)
   if queue and state == 'running' then
     local env_id, run = split_member(member)
     local Q = run_queue(X, env_id, queue)
-    free_slots(X, Q, ck, run, slot_tenant or '')
+    local flow = flow_of(ck, slot_tenant or '')
+    free_slots(X, Q, flow, run, slot_tenant or '')
+    -- the lapsed lease is charged the time it held its slot, like a finished run
+    local started = tonumber(lease_start)
+    if started then HOOK.charge(X, Q, flow, slot_tenant or '', X.now - started) end
     redis.call('HSET', mkey, RUN_FIELD.state, 'queued', RUN_FIELD.slot_tenant, '')
-    place_queued(X, Q, ck, run, tonumber(score), tenant or '')
+    place_queued(X, Q, flow_of(ck, tenant or ''), run, tonumber(score))
     reply[2] = reply[2] + 1
     reply[#reply + 1] = member
   end

@@ -29,7 +29,7 @@ local Q = run_queue(X, env_id, queue)
 redis.call('ZREM', env_key(Q.V, 'dlq'), run)
 redis.call('HSET', mkey, RUN_FIELD.attempts, 0, RUN_FIELD.state, 'queued',
   RUN_FIELD.score, X.now)
-place_queued(X, Q, ck, run, X.now, tenant or '')
+place_queued(X, Q, flow_of(ck, tenant or ''), run, X.now)
 X.wake = true
 HOOK.finish(X)
 state_flush(X)

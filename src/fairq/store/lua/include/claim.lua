@@ -2,15 +2,16 @@
 --@require state counters runs
 
 -- Claim up to `limit` ready runs (score <= now, oldest first) of flow `flow` of queue Q
--- into their slots, leasing each until now + lease_ms. `ta` is the named tenant the
--- runs' slots count under ('' = none). Stale entries (hash gone) are dropped; runs
+-- into their slots, leasing each until now + lease_ms. The runs' slots count under the
+-- flow's named tenant (its `ta`, '' = none). Stale entries (hash gone) are dropped; runs
 -- whose TTL passed are reported, never delivered. Each delivered run is appended to
 -- `out` (delivery_add: the fields fairq/store/run_hash.py's DELIVERY_FIELDS lists). With `max_score`, only runs scored below it (or equal, when `tie_ok`) are
 -- claimed. Returns the number delivered and the flow's next head score (nil = empty).
-local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
+local function claim(X, Q, flow, limit, lease_ms, out, max_score, tie_ok)
   local keyless = flow == KEYLESS_FLOW
-  local ck = keyless and '' or flow
-  local queued_key = keyless and queue_key(Q.B, 'queued') or variant_key(Q.B, ck, 'queued')
+  local ta = flow_tenant(flow) or ''
+  local ck = flow_key(flow)
+  local queued_key = flow_queued_key(Q, flow)
   local delivered, head, waited = 0, nil, 0
   local taken, removed = {}, 0
   local deadline = X.now + lease_ms
@@ -64,12 +65,8 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
     if head == nil or head > X.now or (max_score ~= nil and head >= max_score) then break end
   end
   if #taken > 0 then
-    if keyless then
-      call_chunked('SADD', queue_key(Q.B, 'inflight'), taken)
-    else
-      call_chunked('SADD', variant_key(Q.B, ck, 'inflight'), taken)
-      ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, #taken)
-    end
+    call_chunked('SADD', flow_slots_key(Q, flow), taken)
+    if not flow_keyless(flow) then ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, #taken) end
     if ta ~= '' then tenant_running_add(X, Q.B, Q.V, Q.env_id, Q.name, ta, #taken) end
     local env_take = X.env_take[Q.V] or {}
     X.env_take[Q.V] = env_take
@@ -83,9 +80,8 @@ local function claim(X, Q, flow, limit, lease_ms, ta, out, max_score, tie_ok)
   else
     if removed > 0 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -removed) end
     touch(X, Q, KIND_CK)
-    ck_index_set(X, Q.B, ck, head or false)
+    ck_index_set(X, Q.B, flow, head or false)
   end
-  if head == nil and ta ~= '' then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), flow) end
   if delivered > 0 then
     history_add(X, Q, 'served', delivered)
     history_add(X, Q, 'wait_ms', waited)

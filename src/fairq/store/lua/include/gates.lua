@@ -1,11 +1,13 @@
 -- gates.lua: what may start now under the limits layered below the order:
 -- total cap of a queue, cap of a key, cap of a tenant, and token-bucket rate limits
 -- of a queue, a tenant and a key (on the clock the script runs with).
---   cap of a key    = B:kcaps[K], else the per-variant limit min(queue limit, env limit)
---   cap of a tenant = B:tcaps[N], else the per-variant limit
---   keyless runs    = the per-variant limit across all of them (the queue's limit)
+--   cap of a key    = B:kcaps[K], else the per-variant limit min(queue limit, env limit);
+--                     a named tenant's key K is its own flow, with that cap of its own
+--   cap of a tenant = B:tcaps[N], else none (naming a tenant never slows it down)
+--   keyless runs    = the per-variant limit across all of them (the queue's limit),
+--                     whichever tenant they name
 -- Every function reads a value once per script and then tracks it itself.
---@require state counters
+--@require state counters runs
 
 -- The override hashes a queue has (one EXISTS each, once per script).
 local function overrides(X, Q)
@@ -35,9 +37,9 @@ local function override(cache, present, key, field)
 end
 
 local function key_cap(X, Q, flow)
-  if flow == KEYLESS_FLOW then return Q.limit end
+  if flow_keyless(flow) then return Q.limit end
   local o = overrides(X, Q)
-  local v = override(o.caps, o.has_caps, queue_key(Q.B, 'key_caps'), flow)
+  local v = override(o.caps, o.has_caps, queue_key(Q.B, 'key_caps'), flow_key(flow))
   return v and tonumber(v) or Q.limit
 end
 
@@ -49,27 +51,24 @@ local function tenant_cap_override(X, Q, tenant)
 end
 
 local function tenant_cap(X, Q, tenant)
-  return tenant_cap_override(X, Q, tenant) or Q.limit
+  return tenant_cap_override(X, Q, tenant) or UNLIMITED
 end
 
--- Slots a flow holds now (its variant's in-flight set, or the keyless runs').
+-- Slots a flow holds now (its variant's in-flight set, or the keyless runs': every
+-- keyless flow of a queue shares them).
 local function flow_running(X, Q, flow)
   X.frun = X.frun or {}
-  local id = Q.B .. '|' .. flow
+  local id = flow_slots_key(Q, flow)
   local v = X.frun[id]
   if v == nil then
-    if flow == KEYLESS_FLOW then
-      v = redis.call('SCARD', queue_key(Q.B, 'inflight'))
-    else
-      v = redis.call('SCARD', variant_key(Q.B, flow, 'inflight'))
-    end
+    v = redis.call('SCARD', id)
     X.frun[id] = v
   end
   return v
 end
 
 local function flow_took(X, Q, flow, n)
-  local id = Q.B .. '|' .. flow
+  local id = flow_slots_key(Q, flow)
   if X.frun and X.frun[id] then X.frun[id] = X.frun[id] + n end
 end
 
@@ -173,8 +172,9 @@ local function flow_buckets(X, Q, flow, tenant)
     queue_key(Q.B, 'tenant_rates'), tenant))
   if trate == nil and Q.tenant_rate then trate, tburst = Q.tenant_rate, Q.tenant_rate_burst end
   if trate then out[#out + 1] = {bucket(X, Q, 't:' .. tenant, trate, tburst), 'tenant'} end
-  if flow ~= KEYLESS_FLOW then
-    local krate, kburst = parse_rate(override(o.rates, o.has_rates, queue_key(Q.B, 'key_rates'), flow))
+  if not flow_keyless(flow) then
+    local krate, kburst = parse_rate(override(o.rates, o.has_rates, queue_key(Q.B, 'key_rates'),
+      flow_key(flow)))
     if krate == nil and Q.key_rate then krate, kburst = Q.key_rate, Q.key_rate_burst end
     if krate then out[#out + 1] = {bucket(X, Q, 'k:' .. flow, krate, kburst), 'key'} end
   end

@@ -3,8 +3,8 @@
 -- a fair-order key: a script built with it runs exactly the age order.
 --@require state config runs serve_age
 
-HOOK.flow_queued = function(X, Q, flow, score, tenant, is_new) end
-HOOK.flow_drained = function(X, Q, flow, tenant) end
+HOOK.flow_queued = function(X, Q, flow, score, is_new) end
+HOOK.flow_drained = function(X, Q, flow) end
 HOOK.slot_freed = function(X, Q, flow, ta) end
 HOOK.charge = function(X, Q, flow, ta, duration_ms) end
 HOOK.finish = function(X) end

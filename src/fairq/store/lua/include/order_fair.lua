@@ -125,9 +125,11 @@ local function tenant_weights(X, V, Q, tenants, simple_keys)
   return out
 end
 
+-- A key's weight inside its tenant (looked up by its key: each tenant's key K has K's
+-- weight).
 local function key_weight(X, Q, flow)
-  if flow == KEYLESS_FLOW or not Q.weighted then return 1 end
-  return tonumber(redis.call('HGET', queue_key(Q.B, 'key_weights'), flow)) or 1
+  if flow_keyless(flow) or not Q.weighted then return 1 end
+  return tonumber(redis.call('HGET', queue_key(Q.B, 'key_weights'), flow_key(flow))) or 1
 end
 
 -- ------------------------------------------------------------------ joining
@@ -212,8 +214,7 @@ local function register_key(X, Q, tenant, flow)
   local args = {}
   ck_index_flush(X)
   if tenant ~= flow and not got[3]
-      and redis.call('ZSCORE', queue_key(Q.B, 'ck_index'), tenant)
-      and not redis.call('HGET', queue_key(Q.B, 'flow_tenants'), tenant) then
+      and redis.call('ZSCORE', queue_key(Q.B, 'ck_index'), tenant) then
     -- a key named as the tenant serves as its own tenant here: it joins the key set
     args = {kf.value, tenant}
   end
@@ -270,8 +271,8 @@ local function unpark(X, Q, member, value)
     redis.call('ZADD', queue_key(Q.B, 'ready_tenants'), 'NX', tag, name)
     redis.call('EXPIRE', queue_key(Q.B, 'ready_tenants'), X.C.state_ttl)
   else
-    local named = redis.call('HGET', queue_key(Q.B, 'flow_tenants'), name)
-    local tenant = named or default_tenant(Q.name, name)
+    local named = flow_tenant(name)
+    local tenant = default_tenant(Q.name, name)
     if named then
       local kk = tenant_key(Q.B, tenant, 'keys')
       redis.call('ZADD', kk, 'NX', tag, name)
@@ -327,9 +328,10 @@ end
 
 -- A flow got queued runs: a new flow is registered under its tenant; an existing one
 -- whose head moved earlier may come back from a time gate sooner.
-HOOK.flow_queued = function(X, Q, flow, score, tenant, is_new)
+HOOK.flow_queued = function(X, Q, flow, score, is_new)
   queue_conf(X, Q)
   if Q.order ~= 'fair' then return end
+  local tenant = flow_tenant(flow)
   local default = default_tenant(Q.name, flow)
   if not is_new then
     if has_park(X, Q) then
@@ -339,7 +341,7 @@ HOOK.flow_queued = function(X, Q, flow, score, tenant, is_new)
     end
     return
   end
-  if tenant == '' or tenant == default then
+  if tenant == nil then
     register_pair(X, Q, default)
   else
     register_key(X, Q, tenant, flow)
@@ -349,9 +351,10 @@ end
 
 -- A flow drained outside a dequeue (cancel, expiry): it leaves the candidates now
 -- (its tenant's tag stays in V:tt: parked credit).
-HOOK.flow_drained = function(X, Q, flow, tenant)
+HOOK.flow_drained = function(X, Q, flow)
+  local tenant = flow_tenant(flow)
   local default = default_tenant(Q.name, flow)
-  if tenant == '' or tenant == default then
+  if tenant == nil then
     redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), default)
     if has_park(X, Q) then
       redis.call('HDEL', queue_key(Q.B, 'parked'), 't:' .. default)
@@ -416,7 +419,7 @@ HOOK.charge = function(X, Q, flow, ta, duration_ms)
     redis.call('ZADD', tt, tag, tenant)
     redis.call('ZADD', queue_key(Q.B, 'ready_tenants'), 'XX', tag, tenant)
   end
-  if tenant ~= default_tenant(Q.name, flow) then
+  if flow_tenant(flow) then
     local kk = tenant_key(Q.B, tenant, 'keys')
     local ktag = tonumber(redis.call('ZSCORE', kk, flow))
     if ktag ~= nil then
@@ -591,10 +594,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
           flows[j] = KEYLESS_FLOW
           found[j] = heads[Q.name]
         end
-        local named = flow_tenants(X, Q, flows)
         local unknown, unknown_at = {}, {}
         for i, flow in ipairs(flows) do
-          local T = named[flow] or default_tenant(Q.name, flow)
+          local T = default_tenant(Q.name, flow)
           local p = pair_at(Q, T)
           if p == nil then
             unknown[#unknown + 1] = T
@@ -611,7 +613,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             local score = tonumber(scores[i])
             if score == nil and not is_parked(X, Q, 'k:' .. flow)
                 and not is_parked(X, Q, 't:' .. T) then
-              if named[flow] then register_key(X, Q, T, flow) end
+              if flow_tenant(flow) then register_key(X, Q, T, flow) end
               register_pair(X, Q, T)
               score = tonumber(redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), T))
             end
@@ -703,7 +705,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
     if Q.weighted and nk > 0 then
       local flows = {}
-      for j = 1, nk do flows[j] = keys[j].flow end
+      for j = 1, nk do flows[j] = flow_key(keys[j].flow) end
       local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
       for j = 1, nk do keys[j].weight = tonumber(raw[j]) or 1 end
     end
@@ -891,7 +893,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         -- nothing left in this pair in this call (drained, or every key held back)
         p.active = false
       else
-        local named = p.T ~= default_tenant(Q.name, flow)
+        local named = flow_tenant(flow) ~= nil
         -- runs of this flow served in this call count against max_per_key (when set)
         local sid = Q.max_per_key and (Q.B .. '|' .. flow)
         local room = budget - served
@@ -942,7 +944,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
             local k = math.max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
             if k < run then run = k end
           end
-          local got, head = claim(X, Q, flow, run, lease_ms, named and p.T or '', out)
+          local got, head = claim(X, Q, flow, run, lease_ms, out)
           took(X, Q, flow, buckets, got)
           if got > 0 then
             served = served + got
@@ -1009,10 +1011,10 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     if served >= budget then break end
     local p, flow = l.p, l.flow
     local Q = p.Q
-    local named = p.T ~= default_tenant(Q.name, flow)
+    local named = flow_tenant(flow) ~= nil
     local take, buckets = flow_allowance(X, Q, flow, p.T, named, budget - served, R, true)
     if take > 0 then
-      local got = claim(X, Q, flow, take, lease_ms, named and p.T or '', out)
+      local got = claim(X, Q, flow, take, lease_ms, out)
       took(X, Q, flow, buckets, got)
       if got > 0 then
         served = served + got

@@ -1,8 +1,12 @@
 -- runs.lua: where a run lives, and the bookkeeping every state change shares.
 -- A run's hash is read with the generated run_read_<name> readers and written with the
 -- generated RUN_FIELD names (its fields are listed in fairq/store/run_hash.py).
--- A queue context Q is {name, env_id, V, B, ...} (see config.lua); a flow is a variant's
--- encoded key, or KEYLESS_FLOW for the queue's keyless runs.
+-- A queue context Q is {name, env_id, V, B, ...} (see config.lua). A flow is where a
+-- run waits: flow_of(k, n) (the generated schema): a key scoped by the run's named
+-- tenant ('N/K', or 'N/' for its keyless runs), a key of no named tenant ('K'), or
+-- KEYLESS_FLOW for the keyless runs of no named tenant. Every flow but KEYLESS_FLOW is
+-- a variant (its own queued set, listed in the queue's ck_index); the keyless flows
+-- (KEYLESS_FLOW and 'N/') share the queue's keyless slots, the others have their own.
 --@require state counters
 
 --- How long one history bucket spans (ms), and how long buckets are kept (s).
@@ -11,16 +15,23 @@ local HISTORY_TTL_S = 3900
 --- Most fields one history bucket holds before new tenants are counted together.
 local HISTORY_MAX_FIELDS = 256
 
-local function flow_of(ck)
-  if ck == '' then return KEYLESS_FLOW end
-  return ck
-end
-
--- The tenant a flow's runs belong to when none is named: its key, or, for keyless runs,
--- the queue itself ('/<queue>': no encoded name starts with '/').
+-- The tenant a flow's runs belong to: its named tenant, else its key, or, for the
+-- keyless runs of no named tenant, the queue itself ('/<queue>': no encoded name starts
+-- with '/').
 local function default_tenant(queue, flow)
   if flow == KEYLESS_FLOW then return '/' .. queue end
-  return flow
+  return flow_tenant(flow) or flow
+end
+
+-- The queued set of a flow, and the set of the slots its runs hold.
+local function flow_queued_key(Q, flow)
+  if flow == KEYLESS_FLOW then return queue_key(Q.B, 'queued') end
+  return variant_key(Q.B, flow, 'queued')
+end
+
+local function flow_slots_key(Q, flow)
+  if flow_keyless(flow) then return queue_key(Q.B, 'inflight') end
+  return variant_key(Q.B, flow, 'inflight')
 end
 
 local function touch(X, Q, kind)
@@ -94,107 +105,102 @@ local function heads_rebalance(X, B, env_id, queue, kind)
   end
 end
 
--- A flow that became non-empty with a named tenant: record it (and flag the queue, so
--- scripts know to look for named tenants there).
-local function record_named(Q, flow, tenant)
-  redis.call('HSET', queue_key(Q.B, 'flow_tenants'), flow, tenant)
-  if not Q.named then
+-- A named tenant's flow became non-empty: flag the queue (so the fair order knows to
+-- look for tenants owning several keys there).
+local function mark_named(Q, flow)
+  if not Q.named and flow_tenant(flow) then
     redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'named'), 1)
     Q.named = true
   end
 end
 
--- Put a run (whose hash already says where it belongs) into its queue at `score`.
--- `tenant` is the tenant its enqueue named ('' = none). Returns 1 if it was added.
-local function place_queued(X, Q, ck, run, score, tenant)
-  local flow = flow_of(ck)
-  if ck == '' then
+-- Put a run (whose hash already says where it belongs) into its flow at `score`.
+-- Returns 1 if it was added.
+local function place_queued(X, Q, flow, run, score)
+  if flow == KEYLESS_FLOW then
     if X.head_known then X.head_known[Q.B] = nil end
     local added = redis.call('ZADD', queue_key(Q.B, 'queued'), score, run)
     local change = heads_place(X, Q, KIND_QUEUE, score)
     if change then
       X.wake = true
-      if change == 'new' and tenant ~= '' then record_named(Q, flow, tenant) end
-      HOOK.flow_queued(X, Q, flow, score, tenant, change == 'new')
+      HOOK.flow_queued(X, Q, flow, score, change == 'new')
     end
     return added
   end
-  local added = redis.call('ZADD', variant_key(Q.B, ck, 'queued'), score, run)
+  local added = redis.call('ZADD', variant_key(Q.B, flow, 'queued'), score, run)
   if added == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, 1) end
   if state_peek(X, 'ckidx')[Q.B] then ck_index_flush(X) end
   local index = queue_key(Q.B, 'ck_index')
-  local head = tonumber(redis.call('ZSCORE', index, ck))
+  local head = tonumber(redis.call('ZSCORE', index, flow))
   if head == nil or score < head then
-    redis.call('ZADD', index, score, ck)
+    redis.call('ZADD', index, score, flow)
     if heads_place(X, Q, KIND_CK, score) then X.wake = true end
-    if head == nil and tenant ~= '' then record_named(Q, flow, tenant) end
-    HOOK.flow_queued(X, Q, flow, score, tenant, head == nil)
+    if head == nil then mark_named(Q, flow) end
+    HOOK.flow_queued(X, Q, flow, score, head == nil)
   end
   return added
 end
 
--- Take a run out of its queue (it stays in its hash). Returns 1 if it was there.
-local function unqueue(X, Q, ck, run)
-  if ck == '' then
+-- Take a run out of its flow (it stays in its hash). Returns 1 if it was there.
+local function unqueue(X, Q, flow, run)
+  if flow == KEYLESS_FLOW then
     touch(X, Q, KIND_QUEUE)
     local removed = redis.call('ZREM', queue_key(Q.B, 'queued'), run)
     if removed == 1 and redis.call('EXISTS', queue_key(Q.B, 'queued')) == 0 then
-      local named = redis.call('HGET', queue_key(Q.B, 'flow_tenants'), KEYLESS_FLOW)
-      if named then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), KEYLESS_FLOW) end
-      HOOK.flow_drained(X, Q, KEYLESS_FLOW, named or '')
+      HOOK.flow_drained(X, Q, KEYLESS_FLOW)
     end
     return removed
   end
-  local removed = redis.call('ZREM', variant_key(Q.B, ck, 'queued'), run)
+  local removed = redis.call('ZREM', variant_key(Q.B, flow, 'queued'), run)
   if removed == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -1) end
   return removed
 end
 
 -- Re-score a variant in the CK index from its head, or drop it when it drained.
 -- Returns the head score, or nil when the variant drained.
-local function variant_refresh(X, Q, ck)
+local function variant_refresh(X, Q, flow)
   touch(X, Q, KIND_CK)
-  local head = redis.call('ZRANGE', variant_key(Q.B, ck, 'queued'), 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', variant_key(Q.B, flow, 'queued'), 0, 0, 'WITHSCORES')
   if #head == 0 then
-    redis.call('ZREM', queue_key(Q.B, 'ck_index'), ck)
-    local named = redis.call('HGET', queue_key(Q.B, 'flow_tenants'), ck)
-    if named then redis.call('HDEL', queue_key(Q.B, 'flow_tenants'), ck) end
-    HOOK.flow_drained(X, Q, ck, named or '')
+    redis.call('ZREM', queue_key(Q.B, 'ck_index'), flow)
+    HOOK.flow_drained(X, Q, flow)
     return nil
   end
-  redis.call('ZADD', queue_key(Q.B, 'ck_index'), head[2], ck)
+  redis.call('ZADD', queue_key(Q.B, 'ck_index'), head[2], flow)
   return tonumber(head[2])
 end
 
--- Free every slot a running run holds (its key's or the queue's, its tenant's, the
--- environment's). `ta` is the named tenant it was counted under ('' = none).
--- Returns 1 if it held a slot.
-local function free_slots(X, Q, ck, run, ta)
-  local removed
-  if ck == '' then
-    removed = redis.call('SREM', queue_key(Q.B, 'inflight'), run)
-  else
-    removed = redis.call('SREM', variant_key(Q.B, ck, 'inflight'), run)
-    if removed == 1 then ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, -1) end
-  end
+-- Take a queued run out of its flow and keep the indexes right (cancel, expiry).
+local function unqueue_and_refresh(X, Q, flow, run)
+  local removed = unqueue(X, Q, flow, run)
+  if flow ~= KEYLESS_FLOW then variant_refresh(X, Q, flow) end
+  return removed
+end
+
+-- Free every slot a running run of `flow` holds (its key's or the queue's keyless
+-- ones, its tenant's, the environment's). `ta` is the named tenant it was counted under
+-- ('' = none). Returns 1 if it held a slot.
+local function free_slots(X, Q, flow, run, ta)
+  local removed = redis.call('SREM', flow_slots_key(Q, flow), run)
   if removed == 1 then
+    if not flow_keyless(flow) then ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, -1) end
     if ta ~= nil and ta ~= '' then tenant_running_add(X, Q.B, Q.V, Q.env_id, Q.name, ta, -1) end
     local frees = X.env_free[Q.V] or {}
     X.env_free[Q.V] = frees
     frees[#frees + 1] = run
-    HOOK.slot_freed(X, Q, flow_of(ck), ta)
+    HOOK.slot_freed(X, Q, flow, ta)
   end
   return removed
 end
 
 -- free_slots for many runs at once (ack): one SREM per slot set and tenant, applied by
 -- state_flush. Counters move by what each SREM really removed.
-local function free_slots_later(X, Q, ck, run, ta)
+local function free_slots_later(X, Q, flow, run, ta)
   ta = ta or ''
-  local id = Q.B .. '|' .. ck .. '|' .. ta
+  local id = Q.B .. '|' .. flow .. '|' .. ta
   local g = X.free_by[id]
   if g == nil then
-    g = {Q = Q, ck = ck, ta = ta, runs = {}}
+    g = {Q = Q, flow = flow, ta = ta, runs = {}}
     X.free_by[id] = g
     X.free_groups[#X.free_groups + 1] = g
   end
@@ -205,20 +211,15 @@ local function slots_flush(X)
   local groups = rawget(X, 'free_groups')
   if groups == nil then return end
   for _, g in ipairs(groups) do
-    local Q, ck = g.Q, g.ck
-    local removed
-    if ck == '' then
-      removed = call_chunked('SREM', queue_key(Q.B, 'inflight'), g.runs)
-    else
-      removed = call_chunked('SREM', variant_key(Q.B, ck, 'inflight'), g.runs)
-      if removed > 0 then ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, -removed) end
-    end
+    local Q, flow = g.Q, g.flow
+    local removed = call_chunked('SREM', flow_slots_key(Q, flow), g.runs)
     if removed > 0 then
+      if not flow_keyless(flow) then ck_running_add(X, Q.B, Q.V, Q.env_id, Q.name, -removed) end
       if g.ta ~= '' then tenant_running_add(X, Q.B, Q.V, Q.env_id, Q.name, g.ta, -removed) end
       local frees = X.env_free[Q.V] or {}
       X.env_free[Q.V] = frees
       for _, run in ipairs(g.runs) do frees[#frees + 1] = run end
-      HOOK.slot_freed(X, Q, flow_of(ck), g.ta)
+      HOOK.slot_freed(X, Q, flow, g.ta)
     end
   end
   X.free_groups, X.free_by = nil, nil

@@ -12,17 +12,6 @@ local function wait_until(R, at)
   if at ~= nil and (R.wait == nil or at < R.wait) then R.wait = at end
 end
 
--- The named tenant of each listed flow of Q (false where none is recorded).
-local function flow_tenants(X, Q, flows)
-  local out = {}
-  -- the config's flag says whether any flow of the queue ever had a named tenant
-  if Q.named and #flows > 0 then
-    local raw = call_list('HMGET', queue_key(Q.B, 'flow_tenants'), flows)
-    for i, flow in ipairs(flows) do out[flow] = raw[i] or false end
-  end
-  return out
-end
-
 -- How many runs of `flow` may start now (budget, caps, rates); also reports why not.
 -- Returns take, buckets; take <= 0 means held back (R updated).
 local function flow_allowance(X, Q, flow, tenant, named, budget, R, borrowing)
@@ -57,12 +46,10 @@ end
 -- Keyless runs of Q, oldest first. Returns how many were served.
 local function serve_keyless(X, Q, budget, lease_ms, out, R)
   if Q.paused then return 0 end
-  local named = flow_tenants(X, Q, {KEYLESS_FLOW})[KEYLESS_FLOW]
-  local tenant = named or default_tenant(Q.name, KEYLESS_FLOW)
-  local take, buckets = flow_allowance(X, Q, KEYLESS_FLOW, tenant, named ~= false and named ~= nil,
-    budget, R, false)
+  local take, buckets = flow_allowance(X, Q, KEYLESS_FLOW, default_tenant(Q.name, KEYLESS_FLOW),
+    false, budget, R, false)
   if take <= 0 then return 0 end
-  local got, head = claim(X, Q, KEYLESS_FLOW, take, lease_ms, named or '', out)
+  local got, head = claim(X, Q, KEYLESS_FLOW, take, lease_ms, out)
   took(X, Q, KEYLESS_FLOW, buckets, got)
   if head ~= nil and head > X.now then wait_until(R, head) end
   return got
@@ -108,7 +95,7 @@ local function serve_candidates_age(X, Q, cands, budget, per_key, lease_ms, out,
     else
       -- claim only what is older than the next candidate's head (the age order, in one call)
       local limit_score = second and second.head or nil
-      local got, head = claim(X, Q, c.flow, take, lease_ms, c.named and c.tenant or '', out,
+      local got, head = claim(X, Q, c.flow, take, lease_ms, out,
         limit_score, second and c.flow < second.flow)
       took(X, Q, c.flow, buckets, got)
       c.served = c.served + got
@@ -133,15 +120,12 @@ local function serve_ck_age(X, Q, budget, lease_ms, out, R, lenders)
   ck_index_flush(X)
   local entries = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
     'WITHSCORES', 'LIMIT', 0, budget * Q.window)
-  local flows = {}
-  for i = 1, #entries, 2 do flows[#flows + 1] = entries[i] end
-  local tenants = flow_tenants(X, Q, flows)
   local cands = {}
   for i = 1, #entries, 2 do
     local flow = entries[i]
-    local named = tenants[flow]
+    local named = flow_tenant(flow)
     cands[#cands + 1] = {flow = flow, head = tonumber(entries[i + 1]), served = 0, active = true,
-      tenant = named or flow, named = named and true or false}
+      tenant = named or flow, named = named ~= nil}
   end
   local per_key = Q.max_per_key or 1
   local capped = {}
