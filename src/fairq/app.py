@@ -303,9 +303,16 @@ class Fairq:
                 (default) runs the latest of them, ``all`` runs each (at most
                 ``max_catch_up``, the newest ones).
 
+        The schedule's runs are checked here exactly as :meth:`Task.trigger` checks a
+        run, so a schedule that is accepted can enqueue its ticks; its payload is
+        copied (changing the object afterwards changes nothing).
+
         Raises:
             ConfigurationError: neither or both of cron / every, a bad cron expression,
                 an unknown time zone, a duplicate name.
+            InvalidLimitError: a name that is not 1..200 characters of text without ``:``.
+            PayloadError: a payload that is not JSON-serialisable, too deep or too large.
+            InvalidNameError: a concurrency key or tenant that cannot be a name.
         """
         from fairq.schedules import validate_schedule
 
@@ -315,14 +322,15 @@ class Fairq:
         schedule_name = name or (
             f"{task.queue}@{cron}" if cron else f"{task.queue}@every{every_ms}ms"
         )
+        s = validate_schedule(
+            Schedule(
+                name=schedule_name, task=task, cron=cron, every_ms=every_ms,
+                timezone=timezone, payload=payload, concurrency_key=concurrency_key,
+                tenant=tenant, catch_up=catch_up, max_catch_up=max_catch_up,
+            )
+        )  # fmt: skip
         if schedule_name in self.schedules:
             raise ConfigurationError(f"schedule {schedule_name!r} already exists")
-        s = Schedule(
-            name=schedule_name, task=task, cron=cron, every_ms=every_ms, timezone=timezone,
-            payload=payload, concurrency_key=concurrency_key, tenant=tenant,
-            catch_up=catch_up, max_catch_up=max_catch_up,
-        )  # fmt: skip
-        validate_schedule(s)
         self.schedules[schedule_name] = s
         return s
 

@@ -25,7 +25,9 @@ of the call), in memory; the served record itself is written by the dequeue scri
 
 A lost connection (the server restarted, or is away): the consumer logs it, calls its
 ``on_connection_lost`` hook (the app's: restart the shared server if it is down) and
-retries with bounded backoff; it resumes by itself when the server is back.
+retries with bounded backoff; it resumes by itself when the server is back. Any other
+error of the wake-up listener, of maintenance or of the metrics is logged and retried
+the same way (:class:`fairq.loops.LoopGuard`): none of them stops the consumer.
 """
 
 from __future__ import annotations
@@ -42,15 +44,16 @@ from fairq import keys as K
 from fairq import metrics
 from fairq.errors import ConfigurationError, ConnectionLostError, InvalidNameError, short
 from fairq.keys import Environment
+from fairq.loops import MAX_BACKOFF_S, MIN_BACKOFF_S, LoopGuard
 from fairq.models import Delivery
 from fairq.store import RunQueue
 from fairq.store.hints import HintSubscription
 
 log = logging.getLogger("fairq.consumer")
 
-#: Backoff bounds after a lost connection (s).
-MIN_RETRY_S: Final = 0.05
-MAX_RETRY_S: Final = 2.0
+#: Backoff bounds after a lost connection (s): those of any loop that failed.
+MIN_RETRY_S: Final = MIN_BACKOFF_S
+MAX_RETRY_S: Final = MAX_BACKOFF_S
 #: How long after a partial batch the next dequeue waits for more runs (s), by default.
 DEFAULT_LINGER_S: Final = 0.002
 #: The longest linger a consumer accepts (s).
@@ -70,6 +73,15 @@ def check_linger(linger: object) -> None:
         )
 
 
+def _observe(deliveries: list[Delivery], call_seconds: float) -> None:
+    """Observe a dequeue in the metrics; a failure there is logged, never raised (the
+    runs are leased: they must reach the caller)."""
+    try:
+        metrics.observe_dequeue(deliveries, call_seconds=call_seconds)
+    except Exception:
+        log.exception("metrics: observing a dequeue failed")
+
+
 class Consumer:
     """Leases batches from a :class:`RunQueue`.
 
@@ -83,6 +95,7 @@ class Consumer:
             after it the next dequeue waits for more to arrive (seconds; 0 = never).
         on_cancel: called with a run's lease member when its cancellation is requested.
         on_connection_lost: awaited after a lost connection, before retrying.
+        on_loop_error: called once per unexpected error a loop of the consumer survived.
     """
 
     def __init__(
@@ -96,6 +109,7 @@ class Consumer:
         linger: float = DEFAULT_LINGER_S,
         on_cancel: Callable[[str], None] | None = None,
         on_connection_lost: Callable[[], Awaitable[None]] | None = None,
+        on_loop_error: Callable[[], None] | None = None,
     ) -> None:
         if not isinstance(rq, RunQueue):
             raise ConfigurationError(f"a Consumer needs a RunQueue, got {short(rq)}")
@@ -130,6 +144,8 @@ class Consumer:
         self._partial_at: float | None = None
         self.on_cancel = on_cancel
         self.on_connection_lost = on_connection_lost
+        self._listen_guard = LoopGuard("wake-up listener", log, on_loop_error)
+        self._maintain_guard = LoopGuard("maintenance", log, on_loop_error)
         self._wake = asyncio.Event()
         self._hints = HintSubscription(rq)
         self._listener: asyncio.Task[None] | None = None
@@ -143,12 +159,25 @@ class Consumer:
         return self
 
     async def _listen(self) -> None:
-        async for hint in self._hints.messages():
-            if hint.startswith("cancel:"):
-                if self.on_cancel is not None:
-                    self.on_cancel(hint[len("cancel:") :])
-                continue
-            self._wake.set()
+        """Hear hints until closed; a failure (a hook that raised, anything the
+        subscription did not expect) is logged and the subscription made again."""
+        while not self.closed:
+            try:
+                async with contextlib.aclosing(self._hints.messages()) as hints:
+                    async for hint in hints:
+                        self._hear(hint)
+                        self._listen_guard.succeeded()
+                return
+            except Exception as exc:  # the listener must outlive any hint
+                self._wake.set()  # anything may have happened meanwhile
+                await self._listen_guard.failed(exc)
+
+    def _hear(self, hint: str) -> None:
+        if hint.startswith("cancel:"):
+            if self.on_cancel is not None:
+                self.on_cancel(hint[len("cancel:") :])
+            return
+        self._wake.set()
 
     def wake(self) -> None:
         """End a wait now (a stop request, or new local capacity)."""
@@ -175,7 +204,14 @@ class Consumer:
         if not force and loop.time() < self._next_maintenance:
             return
         self._next_maintenance = loop.time() + self.maintenance_interval
-        await self.rq.maintain(interval_s=self.maintenance_interval, force=force)
+        try:
+            await self.rq.maintain(interval_s=self.maintenance_interval, force=force)
+        except ConnectionLostError:
+            raise
+        except Exception as exc:  # dequeues go on; maintenance at the next interval
+            await self._maintain_guard.failed(exc)
+        else:
+            self._maintain_guard.succeeded()
 
     async def wait_for_hint(self, wait: float) -> None:
         """Sleep up to ``wait`` seconds, or until a hint arrives; maintenance keeps its
@@ -236,9 +272,7 @@ class Consumer:
                 await self.maintain()
                 started = time.perf_counter()
                 batch = await self.rq.dequeue_batch(max_count, env=self.env, queues=self.queues)
-                metrics.observe_dequeue(
-                    batch.deliveries, call_seconds=time.perf_counter() - started
-                )
+                _observe(batch.deliveries, time.perf_counter() - started)
             except ConnectionLostError as exc:
                 retry_s = await self.lost(exc, retry_s)
                 continue

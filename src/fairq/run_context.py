@@ -8,10 +8,15 @@ its next heartbeat).
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import MutableMapping
+from typing import Final
 
-from fairq.errors import ConfigurationError
+from fairq.errors import ConfigurationError, short
 from fairq.models import Delivery
+
+#: The longest progress note kept (characters).
+MAX_PROGRESS_CHARS: Final = 1000
 
 
 class RunContext:
@@ -42,11 +47,33 @@ class RunContext:
 
     def progress(self, fraction: float, message: str = "") -> None:
         """Report progress (0..1 and a note): kept with the run, sent with the next
-        heartbeat (coalesced: no round trip per call). Thread-safe."""
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        heartbeat (coalesced: no round trip per call). Thread-safe.
+
+        A fraction outside 0..1 is clamped; a note longer than
+        :data:`MAX_PROGRESS_CHARS` characters is cut.
+
+        Raises:
+            ConfigurationError: the fraction is not a number (or is NaN), or the note is
+                not a string of valid Unicode (a lone surrogate, as Python gives for a
+                file name that is not UTF-8); nothing is recorded.
+        """
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or math.isnan(fraction)
+        ):
             raise ConfigurationError("progress must be a number in 0..1")
-        value = min(1.0, max(0.0, float(fraction)))
-        self._progress[self.run_id] = (value, str(message)[:1000])
+        if not isinstance(message, str):
+            raise ConfigurationError(f"a progress note must be a string, got {short(message)}")
+        note = message[:MAX_PROGRESS_CHARS]
+        try:
+            note.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigurationError(
+                "a progress note must be valid Unicode (it holds a lone surrogate: "
+                "escape undecodable text, e.g. with os.fsencode(name).decode(errors='replace'))"
+            ) from None
+        self._progress[self.run_id] = (min(1.0, max(0.0, float(fraction))), note)
 
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(

@@ -15,11 +15,19 @@ Catch-up after downtime (no worker ran for a while):
   beyond that are skipped).
 
 A schedule seen for the first time starts from the present: nothing before it is due.
+
+Every value of a schedule is checked when it is made (:func:`validate_schedule`: its
+runs exactly as a trigger's), so a schedule that cannot enqueue its ticks is refused at
+``app.schedule``. A schedule that fails anyway (one built by hand) fails alone: its error
+is logged and the other schedules' ticks are still claimed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
@@ -27,8 +35,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from fairq.errors import ConfigurationError
+from fairq.errors import ConfigurationError, ConnectionLostError, short
 from fairq.models import EnqueueRequest, EnqueueStatus
+from fairq.store import validate
+from fairq.store.enqueue import encode_request
 
 if TYPE_CHECKING:
     from fairq.app import Fairq, Schedule
@@ -39,21 +49,41 @@ ON_TIME_MS: Final = 60_000
 #: The shortest interval schedule (ms).
 MIN_INTERVAL_MS: Final = 1_000
 
+log = logging.getLogger("fairq.schedules")
 
-def validate_schedule(s: Schedule) -> None:
-    """Check a schedule's expression, time zone and policy.
+
+def _zone(s: Schedule) -> ZoneInfo:
+    if not isinstance(s.timezone, str):
+        raise ConfigurationError(
+            f"schedule {s.name!r}: a time zone is an IANA name, got {short(s.timezone)}"
+        )
+    try:
+        return ZoneInfo(s.timezone)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # (a name too long for a file name is an OSError)
+        raise ConfigurationError(
+            f"schedule {s.name!r}: unknown time zone {short(s.timezone)}"
+        ) from None
+
+
+def validate_schedule(s: Schedule) -> Schedule:
+    """Check a schedule's name, expression, time zone and policy, and its runs exactly as
+    a trigger checks a run (payload, concurrency key, tenant, the task's TTL and
+    timeout). Returns it with its payload copied (a later change to the object given
+    cannot make the schedule's ticks fail).
 
     Raises:
-        ConfigurationError: what is wrong.
+        InvalidLimitError: the name is not 1..200 characters of text without ``:``.
+        PayloadError: the payload is not JSON-serialisable, too deep or too large.
+        InvalidNameError: the concurrency key or the tenant cannot be a name.
+        ConfigurationError: anything else (expression, time zone, catch-up policy).
     """
+    validate.schedule_name(s.name)
     if (s.cron is None) == (s.every_ms is None):
         raise ConfigurationError(f"schedule {s.name!r}: give exactly one of cron= and every=")
     if s.every_ms is not None and s.every_ms < MIN_INTERVAL_MS:
         raise ConfigurationError(f"schedule {s.name!r}: every= must be at least 1 second")
-    try:
-        zone = ZoneInfo(s.timezone)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ConfigurationError(f"schedule {s.name!r}: unknown time zone {s.timezone!r}") from None
+    zone = _zone(s)
     if s.cron is not None:
         if not isinstance(s.cron, str):
             raise ConfigurationError(f"schedule {s.name!r}: cron must be a string")
@@ -69,8 +99,20 @@ def validate_schedule(s: Schedule) -> None:
         or not 1 <= s.max_catch_up <= 10_000
     ):
         raise ConfigurationError(f"schedule {s.name!r}: max_catch_up must be in 1..10000")
-    if ":" in s.name or len(s.name) > 200:
-        raise ConfigurationError(f"schedule {s.name!r}: a name has at most 200 characters, no ':'")
+    config = s.task.app.config
+    # the runs of its ticks, as its enqueue will check them (tick 0 stands for any)
+    payload = encode_request(tick_request(s, 0), config.max_payload_bytes)[7]
+    return dataclasses.replace(s, payload=json.loads(payload))
+
+
+def tick_request(s: Schedule, tick_ms: int) -> EnqueueRequest:
+    """The run a schedule's tick enqueues."""
+    task = s.task
+    return EnqueueRequest(
+        env=task.app.env, queue=task.queue, run_id=run_id_of(s, tick_ms), payload=s.payload,
+        concurrency_key=s.concurrency_key, tenant=s.tenant, ttl_ms=task.ttl_ms,
+        timeout_ms=task.timeout_ms, keep_outcome=bool(task.keep_result),
+    )  # fmt: skip
 
 
 def ticks_after(s: Schedule, after_ms: int) -> Iterator[int]:
@@ -160,16 +202,23 @@ class Scheduler:
             claimed = last.get(s.name)
             if claimed is None:
                 claimed = self._first_seen.setdefault(s.name, now - 1_000)
-            for tick in due_ticks(s, claimed, now):
-                request = EnqueueRequest(
-                    env=self.app.env, queue=s.task.queue, run_id=run_id_of(s, tick),
-                    payload=s.payload, concurrency_key=s.concurrency_key, tenant=s.tenant,
-                    ttl_ms=s.task.ttl_ms, timeout_ms=s.task.timeout_ms,
-                    keep_outcome=bool(s.task.keep_result),
-                )  # fmt: skip
-                result = await rq.enqueue_tick(s.name, tick, request, now_ms=now_ms)
-                if result is not None and result.status is EnqueueStatus.ENQUEUED:
-                    enqueued += 1
+            try:
+                enqueued += await self._claim_due(rq, s, claimed, now, now_ms)
+            except ConnectionLostError:
+                raise
+            except Exception as exc:
+                # this schedule alone: the others' ticks are still claimed
+                log.error("schedule %r: its due ticks failed: %s", s.name, exc, exc_info=exc)
+        return enqueued
+
+    async def _claim_due(
+        self, rq: RunQueue, s: Schedule, claimed: int, now: int, now_ms: int | None
+    ) -> int:
+        enqueued = 0
+        for tick in due_ticks(s, claimed, now):
+            result = await rq.enqueue_tick(s.name, tick, tick_request(s, tick), now_ms=now_ms)
+            if result is not None and result.status is EnqueueStatus.ENQUEUED:
+                enqueued += 1
         return enqueued
 
     def upcoming(self, now_ms: int, *, count: int = 3) -> dict[str, list[int]]:

@@ -26,6 +26,10 @@ dead-letters them.
   the maintenance of any live consumer requeues the runs.
 * The server going away: dequeues, finishes and heartbeats retry with bounded backoff
   (restarting the shared server if it is ours), and resume by themselves.
+* Any other error in one of the worker's loops (fetching, finishing, heartbeats,
+  schedules, the wake-up and cancel listener, maintenance, a metrics observer) is logged
+  with its traceback, counted in ``stats.loop_errors``, and the loop goes on after a
+  bounded backoff (:mod:`fairq.loops`): no bad value stops a worker's heartbeats.
 """
 
 from __future__ import annotations
@@ -49,12 +53,13 @@ from fairq.app import Fairq
 from fairq.consumer import DEFAULT_LINGER_S, Consumer, check_linger
 from fairq.errors import ConfigurationError, ConnectionLostError, FairqError, PermanentError
 from fairq.keys import encode_concurrency_key, encode_tenant
+from fairq.loops import LoopGuard
 from fairq.metrics import RunMetrics
 from fairq.models import AckStatus, Delivery, Finish, HeartbeatStatus, NackOutcome
 from fairq.outcomes import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, RunStatus, encode_outcome
 from fairq.run_context import RunContext, _current, current_run
 from fairq.schedules import Scheduler
-from fairq.store import RunQueue
+from fairq.store import RunQueue, validate
 from fairq.store._core import wall_clock_ms
 from fairq.tasks import Task
 
@@ -81,6 +86,8 @@ class WorkerStats:
     returned: int = 0
     lease_lost: int = 0
     reconnects: int = 0
+    #: Unexpected errors the worker's loops logged and survived.
+    loop_errors: int = 0
 
 
 @dataclass(slots=True)
@@ -91,14 +98,24 @@ class _InFlight:
     cancel_at: float | None = None
 
 
+def _valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates (a non-UTF-8 file name in an error message) written
+    as escapes: the store refuses text that is not valid Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _error_text(exc: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    return text[:MAX_ERROR_CHARS]
+    return _valid_unicode(text[:MAX_ERROR_CHARS])[:MAX_ERROR_CHARS]
 
 
 def _traceback_text(exc: BaseException) -> str:
     # bounded (the store keeps the end, where the error is, when it must cut)
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = _valid_unicode("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     return text if len(text) <= MAX_TRACEBACK_CHARS else "…" + text[-(MAX_TRACEBACK_CHARS - 1) :]
 
 
@@ -267,6 +284,23 @@ class Worker:
         self.stats.reconnects += 1
         await self.app.heal()
 
+    def _count_loop_error(self) -> None:
+        self.stats.loop_errors += 1
+
+    def _guard(self, name: str) -> LoopGuard:
+        return LoopGuard(name, log, self._count_loop_error)
+
+    def _observe(self, event: str, *args: Any) -> None:
+        """Tell the metrics observer (if any) about a run; an observer that fails is
+        logged and counted, never allowed to stop the run or the loop that called it."""
+        if self.metrics is None:
+            return
+        try:
+            getattr(self.metrics, event)(*args)
+        except Exception:
+            self._count_loop_error()
+            log.exception("metrics: the observer's %s() failed", event)
+
     # ------------------------------------------------------------------ main loop
 
     async def run(self) -> WorkerStats:
@@ -281,6 +315,7 @@ class Worker:
             maintenance_interval=self.maintenance_interval, linger=self.linger,
             on_cancel=self._on_cancel,
             on_connection_lost=self._connection_lost,
+            on_loop_error=self._count_loop_error,
         )  # fmt: skip
         installed: list[signal.Signals] = []
         if self.install_signal_handlers:
@@ -333,6 +368,7 @@ class Worker:
 
     async def _fetch_loop(self) -> None:
         assert self._consumer is not None
+        guard = self._guard("fetch")
         idle_polls = 0
         while not self.stopping:
             free = self.concurrency - len(self._inflight)
@@ -342,7 +378,12 @@ class Worker:
                     await self._slot_free.wait()
                 continue
             timeout = 0.2 if self.burst else None
-            batch = await self._consumer.next_batch(min(free, self.max_count), timeout=timeout)
+            try:
+                batch = await self._consumer.next_batch(min(free, self.max_count), timeout=timeout)
+            except Exception as exc:  # a dequeue that failed is tried again
+                await guard.failed(exc)
+                continue
+            guard.succeeded()
             for delivery in batch:
                 self._start(delivery)
             if self.burst:
@@ -365,8 +406,7 @@ class Worker:
         self._inflight[task] = _InFlight(delivery, context)
         self._by_member[delivery.lease_member] = task
         task.add_done_callback(self._done)
-        if self.metrics is not None:
-            self.metrics.started(delivery)
+        self._observe("started", delivery)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         run = self._inflight.pop(task, None)
@@ -552,8 +592,7 @@ class Worker:
         self._finished.append(Finish(delivery, word, outcome))
         self._ack_wake.set()
         self._log_run(delivery, status.value, started, error)
-        if self.metrics is not None:
-            self.metrics.finished(delivery, status.value, (wall_clock_ms() - started) / 1000)
+        self._observe("finished", delivery, status.value, (wall_clock_ms() - started) / 1000)
         self._count_end()
 
     def _log_run(self, delivery: Delivery, outcome: str, started: int, error: str | None) -> None:
@@ -602,7 +641,7 @@ class Worker:
                 traceback=_traceback_text(exc),
                 outcome_json=outcome,
             )
-        except ConnectionLostError as e:  # the lease will lapse and the run come back
+        except FairqError as e:  # the lease will lapse and the run come back
             log.warning("nack of %s failed (%s); its lease will lapse", delivery.run_id, e)
             return "nack_failed"
         if result is NackOutcome.DEAD_LETTERED:
@@ -615,8 +654,7 @@ class Worker:
         else:
             self.stats.lease_lost += 1
         word = "retried" if result is NackOutcome.REQUEUED else result.value
-        if self.metrics is not None:
-            self.metrics.finished(delivery, word, (wall_clock_ms() - started) / 1000)
+        self._observe("finished", delivery, word, (wall_clock_ms() - started) / 1000)
         return word
 
     # ------------------------------------------------------------------ helpers
@@ -625,26 +663,59 @@ class Worker:
         if not self._finished or self._rq is None:
             return
         batch, self._finished = self._finished, []
+        statuses: list[AckStatus | None]
         try:
-            statuses = await self._rq.finish(batch)
+            statuses = list(await self._rq.finish(batch))
         except ConnectionLostError as exc:
             log.warning("finishing %d run(s) failed (%s); retrying", len(batch), exc)
             self._finished[:0] = batch
             await self._connection_lost()
             await asyncio.sleep(0.2)
             return
+        except Exception:  # one bad finish must not hold back the rest
+            self._count_loop_error()
+            log.exception("finishing %d run(s) failed; finishing each alone", len(batch))
+            statuses = await self._finish_each(batch)
         for f, st in zip(batch, statuses, strict=True):
+            if st is None:
+                continue
             if st is not AckStatus.ACKED:
                 self.stats.lease_lost += 1
                 log.warning(
                     "run %s: finish found %s (it may run again)", f.delivery.run_id, st.value
                 )
 
+    async def _finish_each(self, batch: list[Finish]) -> list[AckStatus | None]:
+        """After a finish failed unexpectedly: each run again, alone, so that one bad run
+        costs only itself (None: it could not be finished; its lease lapses and it runs
+        again). A lost connection puts the rest back for the ack loop's retry."""
+        assert self._rq is not None
+        statuses: list[AckStatus | None] = []
+        for i, item in enumerate(batch):
+            try:
+                statuses += await self._rq.finish([item])
+            except ConnectionLostError:
+                self._finished[:0] = batch[i:]
+                return statuses + [None] * (len(batch) - i)
+            except Exception as exc:
+                log.error(
+                    "run %s: cannot be finished (%s); its lease will lapse and it will run again",
+                    item.delivery.run_id, exc,
+                )  # fmt: skip
+                statuses.append(None)
+        return statuses
+
     async def _ack_loop(self) -> None:
+        guard = self._guard("finishing")
         while not self._acks_closed:
             await self._ack_wake.wait()
             self._ack_wake.clear()
-            await self._flush_acks()
+            try:
+                await self._flush_acks()
+            except Exception as exc:  # finishes go on
+                await guard.failed(exc)
+            else:
+                guard.succeeded()
         while self._finished:
             await self._flush_acks()
             if self._finished:
@@ -653,33 +724,58 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         assert self._rq is not None
         interval = self._rq.config.lease_ms / 3000
-        last = time.monotonic()
+        guard = self._guard("heartbeat")
+        tick = min(interval, PROGRESS_INTERVAL_S)
+        pause, last = tick, time.monotonic()
         while True:
-            await asyncio.sleep(min(interval, PROGRESS_INTERVAL_S))
-            now = time.monotonic()
-            self._check_cancel_deadlines(now)
+            await asyncio.sleep(pause)
+            pause, now = tick, time.monotonic()
             if now - last < interval and not self._progress:
+                self._check_cancel_deadlines(now)
                 continue
-            last = now
-            runs = list(self._inflight.items())
-            if not runs:
-                continue
-            progress = dict(self._progress)
-            self._progress.clear()
             try:
-                statuses = await self._rq.heartbeat(
-                    [r.delivery for _, r in runs], progress=progress
-                )
+                self._check_cancel_deadlines(now)
+                await self._heartbeat()
             except ConnectionLostError as exc:
                 log.warning("heartbeat failed (%s)", exc)
                 continue
-            for (task, run), st in zip(runs, statuses, strict=True):
-                if st is HeartbeatStatus.CANCEL_REQUESTED:
-                    self._request_cancel(task)
-                elif not st.alive:
-                    log.warning(
-                        "run %s: lease lost (it may run again elsewhere)", run.delivery.run_id
-                    )
+            except Exception as exc:  # tried again after the backoff alone: leases lapse
+                await guard.failed(exc)
+                pause = 0
+                continue
+            guard.succeeded()
+            last = now
+
+    async def _heartbeat(self) -> None:
+        """Extend the leases of the runs in flight, with their progress notes."""
+        assert self._rq is not None
+        runs = list(self._inflight.items())
+        if not runs:
+            return
+        progress = self._take_progress()
+        statuses = await self._rq.heartbeat([r.delivery for _, r in runs], progress=progress)
+        for (task, run), st in zip(runs, statuses, strict=True):
+            if st is HeartbeatStatus.CANCEL_REQUESTED:
+                self._request_cancel(task)
+            elif not st.alive:
+                log.warning("run %s: lease lost (it may run again elsewhere)", run.delivery.run_id)
+
+    def _take_progress(self) -> dict[str, tuple[float, str]]:
+        """The progress notes to send (taken: each is sent once). A note the store
+        would refuse is dropped here, so that it cannot fail the heartbeat of every run
+        (``current_run().progress`` refuses them; this guards notes put there otherwise)."""
+        notes = dict(self._progress)
+        self._progress.clear()
+        good: dict[str, tuple[float, str]] = {}
+        for run_id, note in notes.items():
+            try:
+                validate.progress_note(*note)
+            except (FairqError, TypeError, ValueError) as exc:
+                self._count_loop_error()
+                log.error("run %s: progress note dropped (%s)", run_id, exc)
+                continue
+            good[run_id] = note
+        return good
 
     def _check_cancel_deadlines(self, now: float) -> None:
         """A cancelled run that did not stop within cancel_grace ends cancelled anyway."""
@@ -709,11 +805,16 @@ class Worker:
             return
         assert self._rq is not None
         scheduler = Scheduler(self.app)
+        guard = self._guard("schedules")
         while True:
             try:
                 await scheduler.tick(self._rq)
             except ConnectionLostError as exc:
                 log.warning("schedules: %s", exc)
+            except Exception as exc:  # the next pass comes
+                await guard.failed(exc)
+            else:
+                guard.succeeded()
             await asyncio.sleep(1.0)
 
 

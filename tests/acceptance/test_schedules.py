@@ -281,3 +281,18 @@ def test_fairq_schedules_lists_schedules_and_next_runs(tmp_path: Path, redis_url
     assert len(nexts) == 6
     assert any(line.endswith("08:00:00+00:00") for line in nexts)
     assert any("09:00:00+01:00" in line or "09:00:00+02:00" in line for line in nexts)
+
+
+async def test_a_schedule_keeps_a_copy_of_its_payload(app: Fairq) -> None:
+    """The payload is checked and copied when the schedule is made: changing the object
+    afterwards (here to a value JSON cannot hold) changes neither the schedule nor its
+    ticks' runs."""
+
+    @app.task(queue="copied")
+    async def copied(payload: Any) -> None:
+        return None
+
+    payload: dict[str, Any] = {"n": 1}
+    s = app.schedule(copied, every=60, payload=payload, name="copy")
+    payload["n"] = float("nan")
+    assert s.payload == {"n": 1} and app.schedules["copy"].payload == {"n": 1}

@@ -739,6 +739,40 @@ APP += [
      lambda c: c.app.schedule("jobs", every=60)),  # type: ignore[arg-type]
 ]  # fmt: skip
 
+
+def _schedule(**kw: Any) -> Call:
+    if "cron" not in kw:
+        kw["every"] = 60
+    return lambda c: c.app.schedule(c.task, **kw)
+
+
+# a schedule's runs are checked as a trigger's: the same values, the same errors
+APP += [(f"app.schedule payload {n}", PayloadError, (lambda make: lambda c: c.app.schedule(
+    c.task, every=60, payload=make()))(make)) for n, make in BAD_PAYLOADS]  # fmt: skip
+APP += [
+    (f"app.schedule key {n}", InvalidNameError, _schedule(concurrency_key=v)) for n, v in BAD_KEYS
+]
+APP += [(f"app.schedule tenant {n}", InvalidNameError, _schedule(tenant=v)) for n, v in BAD_KEYS]
+APP += [
+    (f"app.schedule name {n}", InvalidLimitError, _schedule(name=v))
+    for n, v in [("colon", "a:b"), ("201-chars", "s" * 201), ("10kb", "s" * 10_000),
+                 ("lone-surrogate", "tick \ud800"), ("int", 5), ("list", ["a"])]
+]  # fmt: skip
+APP += [
+    (f"app.schedule timezone {n}", ConfigurationError, _schedule(cron="* * * * *", timezone=v))
+    for n, v in [("10kb", "Z" * 10_000), ("int", 5), ("none", None), ("nul", "UTC\x00"),
+                 ("path", "../../etc/passwd"), ("surrogate", "\udc80")]
+]  # fmt: skip
+APP += [
+    (f"app.schedule {what}", ConfigurationError, _schedule(**kw))
+    for what, kw in [
+        ("catch_up sideways", {"catch_up": "sideways"}),
+        ("max_catch_up 0", {"max_catch_up": 0}),
+        ("max_catch_up bool", {"max_catch_up": True}),
+        ("cron int", {"cron": 5}),
+    ]
+]
+
 # ---------------------------------------------------------------- worker / consumer cases
 
 WORKER: list[Case] = []

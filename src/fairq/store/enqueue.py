@@ -50,6 +50,43 @@ _Pending = list[tuple[EnqueueRequest, list[str], "asyncio.Future[EnqueueResult]"
 _BatchKey = tuple[int, Environment, str, int | None]
 
 
+def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
+    """The 11 script arguments of one run, validating every field (the payload up to
+    ``max_payload_bytes``): what an enqueue, a schedule's tick and the blocking facade
+    send, and how :meth:`fairq.Fairq.schedule` checks a schedule's runs up front.
+
+    Raises:
+        InvalidNameError, PayloadError, InvalidLimitError: bad input.
+    """
+    if not isinstance(r, EnqueueRequest):
+        raise InvalidLimitError("request", r, "must be an EnqueueRequest")
+    if not isinstance(r.env, Environment):
+        raise InvalidNameError("environment", r.env, "must be an Environment")
+    K.validate_name("queue", r.queue, allow_slash=True)
+    K.validate_name("run id", r.run_id)
+    encoded_ck = "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
+    encoded_tenant = "" if r.tenant is None else K.encode_tenant(r.tenant)
+    delay = validate.duration_ms("delay_ms", r.delay_ms)
+    priority = validate.duration_ms("priority_ms", r.priority_ms)
+    available = (
+        ""
+        if r.available_at_ms is None
+        else str(validate.time_ms("available_at_ms", r.available_at_ms))
+    )
+    ttl = 0 if r.ttl_ms is None else validate.duration_ms("ttl_ms", r.ttl_ms, minimum=1)
+    if not isinstance(r.keep_outcome, bool):
+        raise InvalidLimitError("keep_outcome", r.keep_outcome, "must be True or False")
+    timeout = (
+        0 if r.timeout_ms is None else validate.duration_ms("timeout_ms", r.timeout_ms, minimum=1)
+    )
+    payload = validate.payload(r.payload, max_payload_bytes)
+    trace = "" if r.trace_context is None else validate.trace_context(r.trace_context)
+    return [
+        r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(priority),
+        str(ttl), payload, "keep" if r.keep_outcome else "", str(timeout), trace,
+    ]  # fmt: skip
+
+
 class EnqueueOps(StoreCore):
     #: Single-run enqueues waiting for the call in flight for their queue.
     _batches: dict[_BatchKey, _Pending]
@@ -176,42 +213,8 @@ class EnqueueOps(StoreCore):
         return result.status
 
     def encode_request(self, r: EnqueueRequest) -> list[str]:
-        """The 11 script arguments of one run (validating every field).
-
-        Raises:
-            InvalidNameError, PayloadError, InvalidLimitError: bad input.
-        """
-        if not isinstance(r, EnqueueRequest):
-            raise InvalidLimitError("request", r, "must be an EnqueueRequest")
-        if not isinstance(r.env, Environment):
-            raise InvalidNameError("environment", r.env, "must be an Environment")
-        K.validate_name("queue", r.queue, allow_slash=True)
-        K.validate_name("run id", r.run_id)
-        encoded_ck = (
-            "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
-        )
-        encoded_tenant = "" if r.tenant is None else K.encode_tenant(r.tenant)
-        delay = validate.duration_ms("delay_ms", r.delay_ms)
-        priority = validate.duration_ms("priority_ms", r.priority_ms)
-        available = (
-            ""
-            if r.available_at_ms is None
-            else str(validate.time_ms("available_at_ms", r.available_at_ms))
-        )
-        ttl = 0 if r.ttl_ms is None else validate.duration_ms("ttl_ms", r.ttl_ms, minimum=1)
-        if not isinstance(r.keep_outcome, bool):
-            raise InvalidLimitError("keep_outcome", r.keep_outcome, "must be True or False")
-        timeout = (
-            0
-            if r.timeout_ms is None
-            else validate.duration_ms("timeout_ms", r.timeout_ms, minimum=1)
-        )
-        payload = validate.payload(r.payload, self.config.max_payload_bytes)
-        trace = "" if r.trace_context is None else validate.trace_context(r.trace_context)
-        return [
-            r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(priority),
-            str(ttl), payload, "keep" if r.keep_outcome else "", str(timeout), trace,
-        ]  # fmt: skip
+        """The 11 script arguments of one run (see :func:`encode_request`)."""
+        return encode_request(r, self.config.max_payload_bytes)
 
     async def enqueue_tick(
         self,
@@ -224,9 +227,7 @@ class EnqueueOps(StoreCore):
         """Enqueue a schedule's run for one tick, exactly once however many processes
         call this: the script claims the tick only if it is later than the schedule's
         last claimed one. Returns None when another caller already claimed it."""
-        validate.text("schedule", schedule, 200)
-        if not schedule or ":" in schedule:
-            raise InvalidLimitError("schedule", schedule, "must be 1..200 characters without ':'")
+        validate.schedule_name(schedule)
         validate.time_ms("tick_ms", tick_ms)
         encoded = self.encode_request(request)
         args = [request.env.id, request.queue, schedule, str(tick_ms), *encoded]

@@ -195,10 +195,7 @@ class FinishOps(StoreCore):
             if d.run_id not in notes:
                 return ""
             fraction, message = notes[d.run_id]
-            validate.number("progress", fraction, 0.0, 1.0)
-            return (
-                f"{float(fraction):.4f}:{validate.text('progress message', message, 10_000)[:1000]}"
-            )
+            return validate.progress_note(fraction, message)
 
         items = [
             (d, [d.lease_member, str(d.lease_token), note(d)])

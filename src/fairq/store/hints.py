@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Final
 
 import redis.asyncio as aioredis
@@ -50,7 +50,7 @@ class HintSubscription:
             return aioredis.Redis(host=node.host, port=int(node.port), **_auth(client))
         return client
 
-    async def messages(self) -> AsyncIterator[str]:
+    async def messages(self) -> AsyncGenerator[str, None]:
         backoff = MIN_BACKOFF_S
         while not self.closed:
             try:
@@ -64,7 +64,13 @@ class HintSubscription:
                         message = await pubsub.get_message(timeout=None)
                         if message is not None:
                             data = message.get("data", b"")
-                            yield data.decode() if isinstance(data, bytes) else str(data)
+                            # anyone may publish here: bytes that are not UTF-8 are
+                            # no hint fairq sends, and must not end the subscription
+                            yield (
+                                data.decode(errors="replace")
+                                if isinstance(data, bytes)
+                                else str(data)
+                            )
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:

@@ -123,6 +123,32 @@ def text(name: str, value: object, max_chars: int) -> str:
     return value
 
 
+#: Longest progress message accepted, and the part of it kept.
+MAX_PROGRESS_MESSAGE_CHARS: Final = 10_000
+KEPT_PROGRESS_CHARS: Final = 1000
+
+
+def progress_note(fraction: object, message: object) -> str:
+    """A heartbeat's progress note (``fraction:message``): a fraction in 0..1 and a
+    message of valid Unicode (at most 10,000 characters, of which 1,000 are kept)."""
+    value = number("progress", fraction, 0.0, 1.0)
+    kept = text("progress message", message, MAX_PROGRESS_MESSAGE_CHARS)[:KEPT_PROGRESS_CHARS]
+    return f"{value:.4f}:{kept}"
+
+
+#: Longest schedule name.
+MAX_SCHEDULE_NAME_CHARS: Final = 200
+
+
+def schedule_name(value: object) -> str:
+    """A schedule's name: 1..200 characters of valid Unicode, no ``:``."""
+    text("schedule", value, MAX_SCHEDULE_NAME_CHARS)
+    assert isinstance(value, str)
+    if not value or ":" in value:
+        raise InvalidLimitError("schedule", value, "must be 1..200 characters without ':'")
+    return value
+
+
 #: Longest trace context a run carries.
 MAX_TRACE_CONTEXT_CHARS: Final = 512
 
