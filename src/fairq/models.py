@@ -33,6 +33,8 @@ class AckStatus(enum.Enum):
 class NackOutcome(enum.Enum):
     REQUEUED = "requeued"
     DEAD_LETTERED = "dead_lettered"
+    #: Its cancellation was asked while it ran: it ended cancelled (no further attempt).
+    CANCELLED = "cancelled"
     #: The run no longer exists.
     UNKNOWN = "unknown"
     #: The lease lapsed: nothing changed.

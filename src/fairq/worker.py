@@ -452,6 +452,8 @@ class Worker:
                 )
                 if outcome is NackOutcome.REQUEUED:
                     self.stats.returned += 1
+                elif outcome is NackOutcome.CANCELLED:
+                    self.stats.cancelled += 1
 
     # ------------------------------------------------------------------ one run
 
@@ -617,8 +619,9 @@ class Worker:
         *,
         error: str | None = None,
     ) -> str:
-        """Nack a failed attempt (retry later, or dead-letter at the last); returns what
-        happened: retried, dead_lettered, lease_lost, unknown or nack_failed."""
+        """Nack a failed attempt (retry later, or dead-letter at the last; a run whose
+        cancel was asked meanwhile ends cancelled); returns what happened: retried,
+        dead_lettered, cancelled, lease_lost, unknown or nack_failed."""
         assert self._rq is not None
         rq = self._rq
         attempts = delivery.attempt + 1
@@ -647,6 +650,10 @@ class Worker:
         if result is NackOutcome.DEAD_LETTERED:
             self.stats.dead_lettered += 1
             self._log_run(delivery, "dead_lettered", started, error)
+            self._count_end()
+        elif result is NackOutcome.CANCELLED:  # its cancel, asked meanwhile, wins
+            self.stats.cancelled += 1
+            self._log_run(delivery, "cancelled", started, error)
             self._count_end()
         elif result is NackOutcome.REQUEUED:
             self.stats.retried += 1

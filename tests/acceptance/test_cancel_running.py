@@ -217,3 +217,63 @@ async def test_an_abandoned_async_run_gives_its_worker_slot_back(app: Fairq) -> 
             assert await (await quick.trigger(5)).wait(timeout=3) == 5
         finally:
             release.set()
+
+
+#: Retries at once, up to 3 attempts.
+QUICK_RETRY = RetryPolicy(max_attempts=3, min_delay_ms=0, max_delay_ms=0, randomize=False)
+
+
+async def test_a_run_that_fails_after_its_cancel_is_not_retried(app: Fairq) -> None:
+    """A plain function that answers its cancellation with an error (its attempt fails,
+    so the worker asks for a retry) ends cancelled after that one attempt: the cancel
+    wins over the retry, however many attempts the policy allows."""
+    attempts: list[int] = []
+    started = threading.Event()
+
+    @app.task(queue="export", retry=QUICK_RETRY)
+    def export(payload: None) -> str:
+        run = current_run()
+        assert run is not None
+        attempts.append(run.attempt)
+        if run.attempt > 0:
+            return "ran again"
+        started.set()
+        while not run.cancelled:
+            time.sleep(0.01)
+        raise RuntimeError("stopped half way")
+
+    async with quick_worker(app, concurrency=2) as worker:
+        handle = await export.trigger()
+        assert await asyncio.to_thread(started.wait, 10)
+        assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
+        failure = await cancelled(handle)
+    assert attempts == [0]
+    assert "stopped half way" in (failure.error or "")
+    assert worker.stats.cancelled == 1 and worker.stats.retried == 0
+    assert await running(app, "export") == 0
+
+
+async def test_a_run_that_times_out_after_its_cancel_is_not_retried(app: Fairq) -> None:
+    """A plain function that ignores its cancellation reaches its timeout: the timeout
+    would retry it, the cancel wins, and the run ends cancelled after one attempt."""
+    attempts: list[int] = []
+    started = threading.Event()
+
+    @app.task(queue="render", retry=QUICK_RETRY, timeout=1.0)
+    def render(payload: None) -> str:
+        run = current_run()
+        assert run is not None
+        attempts.append(run.attempt)
+        if run.attempt > 0:
+            return "ran again"
+        started.set()
+        time.sleep(1.5)  # ignores the cancel; the timeout comes first
+        return "too late"
+
+    async with quick_worker(app, concurrency=2, cancel_grace=30) as worker:
+        handle = await render.trigger()
+        assert await asyncio.to_thread(started.wait, 10)
+        assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
+        await cancelled(handle)
+    assert attempts == [0]
+    assert worker.stats.cancelled == 1 and worker.stats.retried == 0

@@ -33,6 +33,7 @@ _ACK: Final = {
 _NACK: Final = {
     Status.REQUEUED: NackOutcome.REQUEUED,
     Status.DEAD_LETTERED: NackOutcome.DEAD_LETTERED,
+    Status.CANCELLED: NackOutcome.CANCELLED,
     Status.UNKNOWN_RUN: NackOutcome.UNKNOWN,
     Status.LEASE_LOST: NackOutcome.LEASE_LOST,
 }
@@ -125,7 +126,8 @@ class FinishOps(StoreCore):
         outcome_json: str | None = None,
         now_ms: int | None = None,
     ) -> NackOutcome:
-        """Give a run back for a retry, or dead-letter it at its last attempt.
+        """Give a run back for a retry, or dead-letter it at its last attempt. A run whose
+        cancellation was asked while it ran gets neither: it ends cancelled (``CANCELLED``).
 
         Args:
             retry_at_ms: when it may run again (absolute); or

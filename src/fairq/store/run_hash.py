@@ -74,12 +74,16 @@ RUN_READS: Final[dict[str, tuple[str, ...]]] = {
     "ack": ("queue", "ck", "state", "lease_token", "attempts", "lease_start", "slot_tenant"),
     "nack": (
         "queue", "ck", "state", "lease_token", "attempts", "slot_tenant", "tenant", "lease_start",
+        "cancel_requested",
     ),
     "heartbeat": ("state", "lease_token", "cancel_requested"),
     "release": ("queue", "ck", "state", "lease_token", "slot_tenant"),
     "cancel": ("queue", "ck", "state", "attempts", "ttl_deadline", "tenant"),
     "redrive": ("queue", "ck", "state", "tenant"),
-    "reclaim": ("queue", "ck", "state", "score", "slot_tenant", "tenant", "lease_start"),
+    "reclaim": (
+        "queue", "ck", "state", "score", "slot_tenant", "tenant", "lease_start",
+        "cancel_requested", "attempts",
+    ),
     "expire_ttl": ("queue", "ck", "state", "attempts", "tenant"),
     "claim": (
         "payload", "attempts", "score", "enqueued_at", "ttl_deadline", "lease_token", "timeout",

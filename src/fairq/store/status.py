@@ -66,7 +66,13 @@ REPLIES: Final[dict[str, frozenset[Status]]] = {
     "dequeue_variant": frozenset({Status.OK}),
     "ack": frozenset({Status.ACKED, Status.UNKNOWN_RUN, Status.LEASE_LOST}),
     "nack": frozenset(
-        {Status.REQUEUED, Status.DEAD_LETTERED, Status.UNKNOWN_RUN, Status.LEASE_LOST}
+        {
+            Status.REQUEUED,
+            Status.DEAD_LETTERED,
+            Status.CANCELLED,
+            Status.UNKNOWN_RUN,
+            Status.LEASE_LOST,
+        }
     ),
     "heartbeat": frozenset(
         {Status.EXTENDED, Status.CANCEL_REQUESTED, Status.UNKNOWN_RUN, Status.LEASE_LOST}

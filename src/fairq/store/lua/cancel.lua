@@ -1,7 +1,8 @@
 --[[ cancel.lua: cancel a run. A queued run is removed (never delivered) and a
 dead-lettered one leaves the dead-letter queue; either gets the outcome 'cancelled'.
 A running run is marked: its worker sees the request at its next heartbeat (and on the
-wake channel at once), stops it and acks it as cancelled.
+wake channel at once), stops it and acks it as cancelled; if the run would get another
+attempt instead (a nack, a lapsed lease), it ends cancelled then (cancel_wins.lua).
 
 KEYS
   1 T  shard tag {prefix.N}

@@ -1,5 +1,7 @@
 --[[ nack.lua: give a leased run back: requeue it for a retry, or dead-letter it once its
 attempt count reaches max_attempts (only when the attempt counts). Frees its slots.
+A run whose cancellation was asked while it ran gets no further attempt: it ends
+cancelled (outcome 'cancelled', the attempt's error kept with it).
 Every argument is checked before anything is written.
 
 KEYS
@@ -16,7 +18,7 @@ ARGV
   FIRST_ARG + 7  outcome JSON to keep when it is dead-lettered ('' = none)
   FIRST_ARG + 8  the attempt's traceback (text, '' = none), kept with the run
 Reply
-  {status, attempts}: REQUEUED, DEAD_LETTERED, UNKNOWN_RUN, LEASE_LOST
+  {status, attempts}: REQUEUED, DEAD_LETTERED, CANCELLED, UNKNOWN_RUN, LEASE_LOST
 ]]
 --@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
 --@context default_env_concurrency default_burst_factor default_queue_size_limit
@@ -25,6 +27,7 @@ Reply
 --@include prelude
 --@include config
 --@include runs
+--@include cancel_wins
 --@include order
 
 local tag = KEYS[1]
@@ -46,8 +49,8 @@ local traceback = ARGV[FIRST_ARG + 8] or ''
 
 local X = state_new(C, tag)
 local mkey = run_key(tag, member)
-local queue, ck, state, lease_token, attempts, slot_tenant, tenant, lease_start =
-  run_read_nack(mkey)
+local queue, ck, state, lease_token, attempts, slot_tenant, tenant, lease_start,
+  cancel_requested = run_read_nack(mkey)
 if not queue then return {S.UNKNOWN_RUN, 0} end
 if state ~= 'running' or not same_token(lease_token, token) then return {S.LEASE_LOST, 0} end
 local Q = run_queue(X, env_id, queue)
@@ -59,7 +62,11 @@ X.lease_del[#X.lease_del + 1] = member
 local started = tonumber(lease_start)
 if started then HOOK.charge(X, Q, flow, ta, X.now - started) end
 local status
-if increment > 0 and attempt >= max_attempts then
+if cancel_requested then
+  end_cancelled(X, Q, member, run, {ck = ck, tenant = tenant, slot_tenant = ta,
+    attempts = attempt, started = started, error = error_text})
+  status = S.CANCELLED
+elseif increment > 0 and attempt >= max_attempts then
   -- dead letter: the hash stays for inspection and redrive
   redis.call('HSET', mkey, RUN_FIELD.attempts, attempt, RUN_FIELD.state, 'dlq',
     RUN_FIELD.lease_deadline, X.now, RUN_FIELD.error, error_text,

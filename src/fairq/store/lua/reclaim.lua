@@ -1,7 +1,8 @@
 --[[ reclaim.lua: requeue runs whose lease lapsed without a heartbeat (a lost consumer),
 on the script's clock. Each goes back to its queue at its old score with its slots
-freed; the attempt count is unchanged (at-least-once delivery). Maintenance: run on a
-timer, under the maintenance lock.
+freed; the attempt count is unchanged (at-least-once delivery). A run whose
+cancellation was asked while it ran is not requeued: it ends cancelled. Maintenance:
+run on a timer, under the maintenance lock.
 
 KEYS
   1 T  shard tag {prefix.N}
@@ -9,7 +10,7 @@ ARGV
   context: the fields its context directive lists, in that order
   FIRST_ARG  batch size (1..10000)
 Reply
-  {OK, count requeued, lease member...}
+  {OK, count requeued, lease member requeued...}
 ]]
 --@context now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
 --@context default_burst_factor default_queue_size_limit default_order default_max_per_key
@@ -17,6 +18,7 @@ Reply
 --@include prelude
 --@include config
 --@include runs
+--@include cancel_wins
 --@include order
 
 local tag = KEYS[1]
@@ -27,7 +29,8 @@ local reply = {S.OK, 0}
 for _, member in ipairs(lapsed) do
   X.lease_del[#X.lease_del + 1] = member
   local mkey = run_key(tag, member)
-  local queue, ck, state, score, slot_tenant, tenant, lease_start = run_read_reclaim(mkey)
+  local queue, ck, state, score, slot_tenant, tenant, lease_start, cancel_requested,
+    attempts = run_read_reclaim(mkey)
   if queue and state == 'running' then
     local env_id, run = split_member(member)
     local Q = run_queue(X, env_id, queue)
@@ -36,10 +39,16 @@ for _, member in ipairs(lapsed) do
     -- the lapsed lease is charged the time it held its slot, like a finished run
     local started = tonumber(lease_start)
     if started then HOOK.charge(X, Q, flow, slot_tenant or '', X.now - started) end
-    redis.call('HSET', mkey, RUN_FIELD.state, 'queued', RUN_FIELD.slot_tenant, '')
-    place_queued(X, Q, flow_of(ck, tenant or ''), run, tonumber(score))
-    reply[2] = reply[2] + 1
-    reply[#reply + 1] = member
+    if cancel_requested then
+      end_cancelled(X, Q, member, run, {ck = ck, tenant = tenant,
+        slot_tenant = slot_tenant or '', attempts = tonumber(attempts) or 0,
+        started = started, error = ''})
+    else
+      redis.call('HSET', mkey, RUN_FIELD.state, 'queued', RUN_FIELD.slot_tenant, '')
+      place_queued(X, Q, flow_of(ck, tenant or ''), run, tonumber(score))
+      reply[2] = reply[2] + 1
+      reply[#reply + 1] = member
+    end
   end
 end
 if reply[2] > 0 then X.wake = true end

@@ -1,4 +1,5 @@
 --[[ redrive.lua: move a dead-lettered run back to its queue with attempt 0, ready now.
+It starts clean: no cancel request and no progress of an earlier attempt come with it.
 
 KEYS
   1 T  shard tag {prefix.N}
@@ -29,6 +30,7 @@ local Q = run_queue(X, env_id, queue)
 redis.call('ZREM', env_key(Q.V, 'dlq'), run)
 redis.call('HSET', mkey, RUN_FIELD.attempts, 0, RUN_FIELD.state, 'queued',
   RUN_FIELD.score, X.now)
+redis.call('HDEL', mkey, RUN_FIELD.cancel_requested, RUN_FIELD.progress)
 place_queued(X, Q, flow_of(ck, tenant or ''), run, X.now)
 X.wake = true
 HOOK.finish(X)
