@@ -76,13 +76,32 @@ def test_the_prelude_must_come_first() -> None:
         assemble("s", None, _reader(files))
 
 
-def test_an_unknown_context_name_fails_to_load() -> None:
+def test_a_read_of_an_unknown_context_name_fails_to_load() -> None:
     files = {
-        "s.lua": "--@context now clock_skew\n--@include prelude\n",
+        "s.lua": "--@include prelude\nlocal skew = C.clock_skew\n",
         "include/prelude.lua": PRELUDE,
     }
     with pytest.raises(ScriptLoadError, match="clock_skew"):
         assemble("s", None, _reader(files))
+
+
+def test_a_hand_kept_context_list_is_refused() -> None:
+    """The loader gives a build exactly the context it reads: a '--@context' list would
+    be a second, hand-kept copy of that."""
+    files = {"s.lua": "--@context now\n--@include prelude\n", "include/prelude.lua": PRELUDE}
+    with pytest.raises(ScriptLoadError, match="--@context"):
+        assemble("s", None, _reader(files))
+
+
+def test_a_build_gets_only_the_context_it_reads() -> None:
+    files = {
+        "s.lua": "--@include prelude\nlocal a, b = C.recent_runs, X.C.now\n",
+        "include/prelude.lua": PRELUDE,
+    }
+    assert assemble("s", None, _reader(files)).context == ("now", "recent_runs")
+    # and a script that serves nothing gets none of the serve engine's settings
+    ages = {s.name: s.context for s in registry().all() if s.order == "age"}
+    assert "default_quantum" not in ages["ack[age]"] and "default_quantum" in ages["dequeue[age]"]
 
 
 def test_an_include_may_only_require() -> None:
@@ -125,13 +144,13 @@ def test_the_order_placeholder_resolves_per_build() -> None:
 # ------------------------------------------------------------------ the context contract
 
 
-def test_each_script_reads_only_the_context_it_declares() -> None:
-    """Every C.<name> a script's body (and includes) reads is one it declared, in the
-    canonical order, so the Python side sends exactly those slots."""
+def test_each_script_receives_exactly_the_context_it_reads() -> None:
+    """Every C.<name> a build's body (and includes) reads is in its context and nothing
+    else is, in the canonical order, so the Python side sends exactly those slots."""
     for script in registry().all():
         used = set(re.findall(r"\bC\.([a-z_]+)", script.source))
         declared = set(script.context)
-        assert used <= declared, (script.name, sorted(used - declared))
+        assert used == declared, (script.name, sorted(used ^ declared))
         assert list(script.context) == [n for n in CONTEXT_NAMES if n in declared]
 
 

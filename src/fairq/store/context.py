@@ -14,6 +14,7 @@ type mismatch between the two sides fails at load time, not as a silently misrea
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -192,6 +193,19 @@ def lua_bindings(names: tuple[str, ...]) -> str:
         ]
     lines.append(f"local FIRST_ARG = {slot + 1 if names else slot}")
     return "\n".join(lines)
+
+
+#: A read of a context field in Lua (``C.<name>``, also through ``X.C.<name>``).
+_CONTEXT_READ_RE: Final = re.compile(r"\bC\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def context_read(code: str) -> tuple[str, ...]:
+    """The context names a build's Lua reads, in canonical order: what its calls send.
+
+    Raises:
+        ValueError: a read of a name that is not a context field.
+    """
+    return order_names(list(dict.fromkeys(_CONTEXT_READ_RE.findall(code))))
 
 
 def order_names(names: list[str]) -> tuple[str, ...]:

@@ -10,16 +10,17 @@ persistence, ``FUNCTION FLUSH``) gets it loaded and the call retried.
 A script file holds, top to bottom: its header (purpose, KEYS, ARGV, reply), the
 directives, its KEYS/ARGV bindings and its body. Directives:
 
-* ``--@context name ...``: the context names it reads (see :mod:`fairq.store.context`);
 * ``--@schema fair``: a script without an order that still names the fair order's keys
   (only the admin script that sets weights). The age-order builds, and every other
   script without an order, get a schema without them;
 * ``--@include name``: a helper file ``lua/include/<name>.lua``. ``prelude`` is the one
   generated include (reply codes, key builders, option rules, the run hash's field names
   and the readers of it the library calls, this script's context bindings, argument
-  checks) and must come first. ``order`` stands for the order-specific hooks: a script
-  that includes it (directly or through another include) is built twice, once with
-  ``order_age`` and once with ``order_fair``.
+  checks) and must come first. ``order`` stands for the order-specific hooks and
+  ``order_serve`` for the order's serve engine: a script that includes either (directly
+  or through another include) is built twice, with ``order_age`` (``order_age_serve``)
+  and with ``order_fair`` (``order_fair_serve``). Only the dequeue serves, so only it
+  carries a serve engine; the other scripts carry the hooks alone.
 
 An include names the includes it needs with ``--@require name``; the loader emits every
 include once, after what it requires (a missing include or a cycle is a
@@ -49,7 +50,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
-from fairq.store.context import lua_bindings, lua_context_cache, order_names
+from fairq.store.context import context_read, lua_bindings, lua_context_cache
 from fairq.store.options import lua_options
 from fairq.store.run_hash import lua_delivery, lua_run_hash, reads_called
 from fairq.store.status import lua_status_table
@@ -58,9 +59,15 @@ Order = Literal["age", "fair"]
 
 _DIRECTIVE_RE: Final = re.compile(r"^--@(include|require|context|schema)\b(.*)$", re.MULTILINE)
 _NAME_RE: Final = re.compile(r"^[a-z_]+$")
-#: The order-specific include placeholder and what it resolves to per build.
+#: The order-specific include placeholders and what each resolves to per build: the
+#: order's hooks (every script whose state changes the order must hear of), and its
+#: serve engine (only the scripts that serve: the dequeue).
 ORDER_INCLUDE: Final = "order"
-ORDER_FILES: Final[dict[Order, str]] = {"age": "order_age", "fair": "order_fair"}
+SERVE_INCLUDE: Final = "order_serve"
+ORDER_FILES: Final[dict[str, dict[Order, str]]] = {
+    ORDER_INCLUDE: {"age": "order_age", "fair": "order_fair"},
+    SERVE_INCLUDE: {"age": "order_age_serve", "fair": "order_fair_serve"},
+}
 
 
 class ScriptLoadError(FairqError):
@@ -104,7 +111,7 @@ def uses_order(name: str, read: Reader = _package_reader) -> bool:
     seen: set[str] = set()
 
     def walk(include: str, stack: tuple[str, ...]) -> bool:
-        if include == ORDER_INCLUDE:
+        if include in ORDER_FILES:
             return True
         if include in seen or include == "prelude":
             return False
@@ -141,12 +148,13 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
     if text is None:
         raise ScriptLoadError(f"no script {name!r}")
     directives = _directives(text, name)
-    context: list[str] = []
     wanted: list[str] = []
     full_schema = order == "fair"
     for kind, names in directives:
         if kind == "context":
-            context += names
+            raise ScriptLoadError(
+                f"{name}: '--@context' is gone: the loader gives a build the context it reads"
+            )
         elif kind == "include":
             wanted += names
         elif kind == "schema":
@@ -155,10 +163,6 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             full_schema = True
         else:
             raise ScriptLoadError(f"{name}: '--@require' is for includes; use '--@include'")
-    try:
-        ordered_context = order_names(context)
-    except ValueError as exc:
-        raise ScriptLoadError(f"{name}: {exc}") from None
     if not wanted or wanted[0] != "prelude":
         raise ScriptLoadError(f"{name}: the first include must be 'prelude'")
 
@@ -166,10 +170,10 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
     bodies: dict[str, str] = {}
 
     def visit(include: str, stack: tuple[str, ...]) -> None:
-        if include == ORDER_INCLUDE:
+        if include in ORDER_FILES:
             if order is None:
                 raise ScriptLoadError(f"{name}: includes the order hooks but has no order")
-            include = ORDER_FILES[order]
+            include = ORDER_FILES[include][order]
         if include in stack:
             raise ScriptLoadError(f"{name}: include cycle {' -> '.join((*stack, include))}")
         if include in bodies:
@@ -198,6 +202,8 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
     code = "\n".join([prelude, *bodies.values(), body])
     try:
         reads = reads_called(code)
+        # the context this build reads, and only that (a name no context field has fails)
+        ordered_context = context_read(code)
     except ValueError as exc:
         raise ScriptLoadError(f"{name}: {exc}") from None
     module = "\n".join(

@@ -10,19 +10,14 @@ and, with charge = duration, corrects the run's charge by its run time.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   then 4 per run: lease member (org:project:env:run), lease token, outcome JSON to keep
     ('' = keep none), status word for the queue's history (completed | failed |
     cancelled | timed_out)
 Reply
   one status per run: ACKED, UNKNOWN_RUN, LEASE_LOST
 ]]
---@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
---@context default_env_concurrency default_burst_factor default_queue_size_limit
---@context default_order default_max_per_key default_quantum default_window default_join
---@context default_arrival_cap default_charge
 --@include prelude
---@include config
 --@include runs
 --@include order
 

@@ -5,7 +5,7 @@ AUDIT_KEEP entries and for AUDIT_TTL_S after the last one.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      env id
   FIRST_ARG + 1  who (1..200 chars)
   FIRST_ARG + 2  action (a word, 1..64 chars)
@@ -14,7 +14,6 @@ ARGV
 Reply
   {OK, entries kept}
 ]]
---@context now
 --@include prelude
 
 local AUDIT_KEEP = 1000

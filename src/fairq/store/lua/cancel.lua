@@ -7,7 +7,7 @@ attempt instead (a nack, a lapsed lease), it ends cancelled then (cancel_wins.lu
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      env id
   FIRST_ARG + 1  run id
   FIRST_ARG + 2  only in state ('' or absent = any; 'queued', 'running' or 'dlq'): a run
@@ -17,12 +17,7 @@ Reply
   CANCELLED, REMOVED_FROM_DLQ, CANCEL_REQUESTED, ALREADY_FINISHED (it has an outcome),
   UNKNOWN_RUN, NOT_IN_STATE
 ]]
---@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs
---@context default_env_concurrency default_burst_factor default_queue_size_limit
---@context default_order default_max_per_key default_quantum default_window default_join
---@context default_arrival_cap default_charge charge_unit_ms
 --@include prelude
---@include config
 --@include runs
 --@include order
 

@@ -5,7 +5,7 @@ partly wrong changes nothing. Then wake consumers (a raised limit may let runs g
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG  env id
   then 4 per change: target, queue ('' for the environment's own), field, value
     ('' = remove). Targets:
@@ -20,7 +20,6 @@ ARGV
 Reply
   OK
 ]]
---@context wake_channel
 --@schema fair
 --@include prelude
 

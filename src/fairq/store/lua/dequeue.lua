@@ -12,7 +12,7 @@ nothing written) and for the fair order (it serves both).
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      env id (org:project:env)
   FIRST_ARG + 1  max_count (1..1000)
   FIRST_ARG + 2  lease (ms, 1..86400000)
@@ -27,14 +27,10 @@ Reply
   tenant ('' = none), attempt, lease token, score (ms), enqueued at (ms), timeout (ms,
   0 = none), outcome policy ('' | 'keep'), trace context ('' = none)
 ]]
---@context now counter_ttl state_ttl outcome_ttl wake_channel default_env_concurrency
---@context default_burst_factor default_queue_size_limit default_order default_max_per_key
---@context default_quantum default_window default_join default_arrival_cap default_charge
---@context recent_runs charge_unit_ms
 --@include prelude
 --@include config
---@include serve_age
 --@include order
+--@include order_serve
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])

@@ -6,7 +6,7 @@ rate limits apply; the fair order's state is not advanced.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      env id
   FIRST_ARG + 1  queue
   FIRST_ARG + 2  encoded key ('' = the keyless runs)
@@ -16,9 +16,6 @@ ARGV
 Reply
   {OK, wait (ms from now, -1 = none known), gated (0/1), deliveries} as dequeue.lua
 ]]
---@context now counter_ttl outcome_ttl recent_runs wake_channel default_env_concurrency
---@context default_burst_factor default_queue_size_limit default_order default_max_per_key
---@context default_quantum default_window default_join default_arrival_cap default_charge
 --@include prelude
 --@include config
 --@include claim

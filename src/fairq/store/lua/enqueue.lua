@@ -11,7 +11,7 @@ nothing written); the fair-order build also registers new flows in the fair orde
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      env id      FIRST_ARG + 1  queue
   FIRST_ARG + 2  schedule name ('' = none)   FIRST_ARG + 3  schedule tick (ms)
     with a schedule, the call enqueues only if this tick is later than the schedule's
@@ -25,11 +25,8 @@ Reply
   {status (OK | NEEDS_FAIR | TICK_TAKEN), size limit in force (0 = none), one status
    per run (ENQUEUED, DUPLICATE, REJECTED_SIZE)}
 ]]
---@context now counter_ttl state_ttl wake_channel default_queue_size_limit default_order
---@context default_env_concurrency default_burst_factor default_max_per_key default_quantum
---@context default_window default_join default_arrival_cap default_charge charge_unit_ms outcome_ttl recent_runs
 --@include prelude
---@include config
+--@include config_enqueue
 --@include runs
 --@include order
 
@@ -111,7 +108,7 @@ end
 
 local X = state_new(C, tag)
 local V = env_prefix(tag, env_id)
-local env, by_name = HOOK.enqueue_config(X, V, env_id, queue)
+local env, by_name = enqueue_config_read(X, V, env_id, queue, HOOK.enqueue_joins)
 local Q = by_name[queue]
 if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, 0} end
 if schedule ~= '' then

@@ -5,17 +5,12 @@ a timer, under the maintenance lock (a dequeue also expires a due run it meets).
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG  batch size (1..10000)
 Reply
   {OK, count expired, lease member...}
 ]]
---@context now counter_ttl outcome_ttl recent_runs state_ttl wake_channel
---@context default_env_concurrency default_burst_factor default_queue_size_limit
---@context default_order default_max_per_key default_quantum default_window default_join
---@context default_arrival_cap default_charge charge_unit_ms
 --@include prelude
---@include config
 --@include runs
 --@include order
 

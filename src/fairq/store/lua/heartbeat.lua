@@ -5,7 +5,7 @@ its leases nor take others'.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG  lease (ms, 1..86400000)
   then 3 per run: lease member (org:project:env:run), lease token, progress to record
     ('' = none; 'fraction:message', bounded by the caller)
@@ -14,7 +14,6 @@ Reply
   and someone asked to cancel the run: its worker should stop it), UNKNOWN_RUN,
   LEASE_LOST
 ]]
---@context now
 --@include prelude
 
 local tag = KEYS[1]

@@ -7,7 +7,7 @@ Every argument is checked before anything is written.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      lease member (org:project:env:run)
   FIRST_ARG + 1  lease token
   FIRST_ARG + 2  retry at (ms, absolute; '' = now + delay)
@@ -20,12 +20,7 @@ ARGV
 Reply
   {status, attempts}: REQUEUED, DEAD_LETTERED, CANCELLED, UNKNOWN_RUN, LEASE_LOST
 ]]
---@context now counter_ttl state_ttl outcome_ttl wake_channel recent_runs charge_unit_ms
---@context default_env_concurrency default_burst_factor default_queue_size_limit
---@context default_order default_max_per_key default_quantum default_window default_join
---@context default_arrival_cap default_charge
 --@include prelude
---@include config
 --@include runs
 --@include cancel_wins
 --@include order

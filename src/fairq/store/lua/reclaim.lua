@@ -7,16 +7,12 @@ run on a timer, under the maintenance lock.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG  batch size (1..10000)
 Reply
   {OK, count requeued, lease member requeued...}
 ]]
---@context now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
---@context default_burst_factor default_queue_size_limit default_order default_max_per_key
---@context default_quantum default_window default_join default_arrival_cap default_charge charge_unit_ms outcome_ttl
 --@include prelude
---@include config
 --@include runs
 --@include cancel_wins
 --@include order

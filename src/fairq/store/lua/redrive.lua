@@ -4,17 +4,13 @@ It starts clean: no cancel request and no progress of an earlier attempt come wi
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      env id
   FIRST_ARG + 1  run id
 Reply
   REDRIVEN, NOT_IN_DLQ
 ]]
---@context now counter_ttl state_ttl wake_channel recent_runs default_env_concurrency
---@context default_burst_factor default_queue_size_limit default_order default_max_per_key
---@context default_quantum default_window default_join default_arrival_cap default_charge charge_unit_ms outcome_ttl
 --@include prelude
---@include config
 --@include runs
 --@include order
 

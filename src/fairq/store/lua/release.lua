@@ -5,16 +5,12 @@ nack or lease expiry frees nothing twice.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   then 2 per run: lease member (org:project:env:run), lease token
 Reply
   one status per run: RELEASED, NOT_HELD (it held no slot), UNKNOWN_RUN, LEASE_LOST
 ]]
---@context now counter_ttl wake_channel recent_runs state_ttl default_env_concurrency
---@context default_burst_factor default_queue_size_limit default_order default_max_per_key
---@context default_quantum default_window default_join default_arrival_cap default_charge charge_unit_ms outcome_ttl
 --@include prelude
---@include config
 --@include runs
 --@include order
 

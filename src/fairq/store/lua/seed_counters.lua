@@ -5,13 +5,12 @@ while variants hold runs, so a dashboard never shows 0 for a keyed backlog.
 KEYS
   1 T  shard tag {prefix.N}
 ARGV
-  context: the fields its context directive lists, in that order
+  context: the context fields this build reads (the loader finds them), in order
   FIRST_ARG      env id
   FIRST_ARG + 1  queue
 Reply
   {OK, queued across variants, running across variants}
 ]]
---@context counter_ttl now
 --@include prelude
 --@include counters
 

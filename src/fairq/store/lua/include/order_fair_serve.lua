@@ -1,0 +1,794 @@
+-- order_fair_serve.lua: the serve engine of the fair order, only in the dequeue's fair
+-- build (the other scripts carry the order's hooks, include/order_fair.lua, not this):
+-- start-time fair queueing over the (tenant, queue) pairs of one environment's fair
+-- queues, then over a tenant's keys, under the gates; parking of gated tenants and keys;
+-- the environment's place among its shard's.
+-- Queues whose order is age are served by serve_age.lua even in this build.
+--@require state config runs claim gates serve_age heap order_fair
+
+--- How many entries of a tenant's key set a dequeue reads at least (a set this small is
+--- read whole: the call then knows when the tenant's last key leaves).
+local KEYS_LOADED = 16
+--- A key set this small is scanned for its best key (no heap); so is a bigger one the
+--- first time its tenant is served in a call (most tenants are served once per call).
+local KEYS_SCANNED = 16
+--- At most this many gather-and-serve rounds per call (each round after the first needs
+--- the previous one to have parked something).
+local MAX_ROUNDS = 16
+
+-- Raise the floor to `value` (it never decreases).
+local function tenant_floor_raise(X, V, value)
+  local f = X.tfloor[V]
+  if value > f.value then f.value = value end
+end
+
+-- Whether this call moved the floor across a tick (or created the state): time to prune
+-- and refresh TTLs.
+local function floor_ticked(X, V)
+  local f = X.tfloor[V]
+  return not f.stored or math.floor(f.value / TICK) > math.floor(f.start / TICK)
+end
+
+--- A member parked by a cap comes back when one of its slots frees; this long after
+--- parking it is also re-checked (so a slot freed where nobody told the order, e.g. by
+--- an age-order build in a mixed deploy, cannot keep it out for good).
+local CAP_RECHECK_MS = 30000
+
+-- Park a member: 'c:' (held back by a cap; back on a freed slot) or 'd:' (held back
+-- by time; back when `due`).
+local function park(X, Q, member, tag, due)
+  redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. exact(tag))
+  redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
+  X.hpark = X.hpark or {}
+  X.hpark[queue_key(Q.B, 'parked_due')] = true
+  if not Q.parked then
+    redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'parked'), 1)
+    Q.parked = true
+  end
+  X.parked_now = true
+end
+
+local function park_pair(X, Q, tenant, tag, due)
+  redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant)
+  park(X, Q, 't:' .. tenant, tag, due)
+end
+
+-- (The caller takes the tenant out of B:tq when this left its key set without keys.)
+local function park_key(X, Q, tenant, flow, tag, due)
+  redis.call('ZREM', tenant_key(Q.B, tenant, 'keys'), flow)
+  park(X, Q, 'k:' .. flow, tag, due)
+end
+
+-- How many of the earliest parked members one read looks at (due ones go back; the
+-- first time gate still closed gives the wait; cap parks, due only for their re-check,
+-- are passed over).
+local DUE_PEEK = 8
+
+-- Time-gated tenants and keys whose time has come go back into the order; the next
+-- time gate still closed tells the caller when to come back (R.wait).
+local function promote_due(X, Q, R)
+  if not has_park(X, Q) then return end
+  local dk = queue_key(Q.B, 'parked_due')
+  for _ = 1, 8 do
+    local first = redis.call('ZRANGE', dk, 0, DUE_PEEK - 1, 'WITHSCORES')
+    if #first == 0 then
+      -- nothing parked any more: later scripts need not look
+      redis.call('HDEL', env_key(Q.V, 'config'), config_field(Q.name, 'parked'))
+      Q.parked = false
+      X.hpark[dk] = false
+      return
+    end
+    local members = {}
+    for i = 1, #first, 2 do members[#members + 1] = first[i] end
+    local values = call_list('HMGET', queue_key(Q.B, 'parked'), members)
+    local all_due = true
+    for i, member in ipairs(members) do
+      local at = tonumber(first[2 * i])
+      if at <= X.now then
+        if values[i] then unpark(X, Q, member, values[i]) else redis.call('ZREM', dk, member) end
+      else
+        all_due = false
+        if values[i] and string.sub(values[i], 1, 2) == 'd:' then
+          wait_until(R, at)
+          return
+        end
+      end
+    end
+    if not all_due or #members < DUE_PEEK then return end
+  end
+end
+
+-- ------------------------------------------------------------------ the fair serve
+
+local function key_better(a, b)
+  if b == nil then return true end
+  local at, bt = a.tag, b.tag
+  if at ~= bt then return at < bt end
+  at, bt = a.tie, b.tie
+  if at ~= bt then return at < bt end
+  return a.flow < b.flow
+end
+
+-- The fair queues of one environment, served in one SFQ order over (tenant, queue)
+-- pairs. `heads` maps a queue name to its ready keyless head (or nil).
+local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
+  local V = env.V
+  local by_id, plist, copies = {}, {}, {} -- copies[i]: the B:tq copy plist[i] came with
+  local ten = {}       -- tenant -> {tag, weight, touched} (false while being read)
+  local touched_tenants = {} -- tenants served in this call, in the order first served
+  local qdone = {}
+  local served = 0
+  local served_of = {} -- B|flow -> runs served this call
+  local loaded = {}    -- the pairs whose key sets this call read
+  local lenders = {}
+
+  local function pair_at(Q, T)
+    local of_queue = by_id[Q.B]
+    return of_queue and of_queue[T]
+  end
+
+  local function pair_of(Q, T, copy)
+    local of_queue = by_id[Q.B]
+    if of_queue == nil then
+      of_queue = {}
+      by_id[Q.B] = of_queue
+    end
+    local p = of_queue[T]
+    if p == nil then
+      -- every field a simple pair will use, so its table is sized once
+      p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
+        simple = false, picks = 0}
+      of_queue[T] = p
+      local i = #plist + 1
+      plist[i] = p
+      copies[i] = copy
+    end
+    return p
+  end
+
+  -- A ready head the discovery found in flow `flow` of pair p (kept per flow only where
+  -- a pair can hold several flows: a queue with named tenants).
+  local function note_head(p, flow, score)
+    if p.Q.named then
+      local disc = p.disc
+      if disc == nil then
+        disc = {}
+        p.disc = disc
+      end
+      disc[flow] = score
+    end
+    if score < p.tie then p.tie = score end
+  end
+
+  -- Give new pairs their tenant record: authoritative tag (V:tt, else the copy; never
+  -- below the floor) and weight.
+  local function attach_tenants(first)
+    local names, weighted = {}, false
+    for i = first, #plist do
+      local p = plist[i]
+      if ten[p.T] == nil then
+        ten[p.T] = false
+        names[#names + 1] = p.T
+      end
+      weighted = weighted or p.Q.weighted
+    end
+    local n = #names
+    if n > 0 then
+      -- the floor comes with the tags when nothing read it yet
+      local need_floor = X.tfloor == nil or X.tfloor[V] == nil
+      if need_floor then names[n + 1] = FLOOR_MEMBER end
+      local auth = call_list('ZMSCORE', env_key(V, 'tenant_tags'), names)
+      if need_floor then
+        floor_load(X, V, auth[n + 1])
+        names[n + 1] = nil
+      end
+      local weights = tenant_weights(X, V, queues[1], names, {})
+      for i, T in ipairs(names) do
+        ten[T] = {tag = tonumber(auth[i]), weight = weights[T], touched = false}
+      end
+    end
+    local floor = tenant_floor(X, V)
+    if weighted then
+      -- a key serving as its own tenant: its weight in the queue is the tenant's
+      local by_queue = {}
+      for i = first, #plist do
+        local p = plist[i]
+        local t = ten[p.T]
+        if t.weight == nil and p.Q.weighted and string.sub(p.T, 1, 1) ~= '/' then
+          local list = by_queue[p.Q.B] or {Q = p.Q, keys = {}}
+          by_queue[p.Q.B] = list
+          list.keys[#list.keys + 1] = p.T
+        end
+      end
+      for _, list in pairs(by_queue) do
+        local w = tenant_weights(X, V, list.Q, {}, list.keys)
+        for _, k in ipairs(list.keys) do
+          if ten[k].weight == nil then ten[k].weight = w[k] end
+        end
+      end
+    end
+    for i = first, #plist do
+      local p = plist[i]
+      local t = ten[p.T]
+      if t.tag == nil then t.tag = copies[i] end
+      if t.tag < floor then t.tag = floor end
+      if t.weight == nil then t.weight = 1 end
+      p.ten = t
+    end
+  end
+
+  -- Gather one round of candidates; returns how many new pairs it found.
+  local function gather()
+    local before = #plist
+    for _, Q in ipairs(queues) do
+      if not qdone[Q.B] and not Q.paused then
+        if total_room(X, Q) <= 0 then
+          R.gated = true
+          qdone[Q.B] = true
+        elseif Q.rate then
+          local whole, at = bucket_peek(X, bucket(X, Q, 'q', Q.rate, Q.rate_burst))
+          if whole <= 0 then
+            wait_until(R, at)
+            qdone[Q.B] = true
+          end
+        end
+      end
+      if not qdone[Q.B] and not Q.paused then
+        promote_due(X, Q, R)
+        local width = budget * Q.window
+        local win = redis.call('ZRANGE', queue_key(Q.B, 'ready_tenants'), 0, width - 1, 'WITHSCORES')
+        for i = 1, #win, 2 do pair_of(Q, win[i], tonumber(win[i + 1])) end
+        -- discovery: the longest-waiting ready heads are always candidates (whatever their
+        -- names), and a flow nothing registered (cold start, an age-order enqueue) is
+        -- registered here, by the join rules
+        ck_index_flush(X)
+        local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
+          'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * budget))
+        local flows, found = {}, {} -- found[i]: the head of flows[i]
+        for i = 1, #disc, 2 do
+          local j = #flows + 1
+          flows[j] = disc[i]
+          found[j] = tonumber(disc[i + 1])
+        end
+        if heads[Q.name] ~= nil then
+          local j = #flows + 1
+          flows[j] = KEYLESS_FLOW
+          found[j] = heads[Q.name]
+        end
+        local unknown, unknown_at = {}, {}
+        for i, flow in ipairs(flows) do
+          local T = default_tenant(Q.name, flow)
+          local p = pair_at(Q, T)
+          if p == nil then
+            unknown[#unknown + 1] = T
+            unknown_at[#unknown_at + 1] = i
+          else
+            note_head(p, flow, found[i])
+          end
+        end
+        if #unknown > 0 then
+          local scores = call_list('ZMSCORE', queue_key(Q.B, 'ready_tenants'), unknown)
+          for i, T in ipairs(unknown) do
+            local at = unknown_at[i]
+            local flow = flows[at]
+            local score = tonumber(scores[i])
+            if score == nil and not is_parked(X, Q, 'k:' .. flow)
+                and not is_parked(X, Q, 't:' .. T) then
+              if flow_tenant(flow) then register_key(X, Q, T, flow) end
+              register_pair(X, Q, T)
+              score = tonumber(redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), T))
+            end
+            if score ~= nil then
+              local p = pair_of(Q, T, score)
+              note_head(p, flow, found[at])
+            end
+          end
+        end
+      end
+    end
+    if #plist > before then attach_tenants(before + 1) end
+    return #plist - before
+  end
+
+  local function drop_pair(p)
+    p.active = false
+    p.dropped = true
+    redis.call('ZREM', queue_key(p.Q.B, 'ready_tenants'), p.T)
+  end
+
+  -- Whether every key of a pair's (fully loaded) key set left it in this call.
+  local function pair_emptied(p)
+    if not p.complete or (X.kadded and X.kadded[p.Q.B .. '|' .. p.T]) then return false end
+    for _, k in ipairs(p.keys) do
+      if not k.gone then return false end
+    end
+    return true
+  end
+
+  -- The flows of a pair (loaded on first use): simple, or its key set. Each key is a
+  -- record {flow, tag, tie, active, weight} (and gone / touched once set).
+  local function load_keys(p)
+    if p.keys ~= nil or p.simple then return end
+    local Q = p.Q
+    if not Q.named then
+      p.simple = true
+      return
+    end
+    local kk = tenant_key(Q.B, p.T, 'keys')
+    local width = math.max(budget + 8, KEYS_LOADED)
+    local entries = redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
+    local n = #entries
+    if n == 0 then
+      p.simple = true
+      return
+    end
+    p.complete = n < 2 * width
+    local floor_raw = nil
+    if p.complete then floor_raw = false end
+    local keys, nk, disc = {}, 0, p.disc
+    for i = 1, n, 2 do
+      local flow = entries[i]
+      if flow == FLOOR_MEMBER then
+        floor_raw = entries[i + 1]
+      else
+        nk = nk + 1
+        keys[nk] = {flow = flow, tag = tonumber(entries[i + 1]),
+          tie = disc and disc[flow] or math.huge, active = true, weight = 1}
+      end
+    end
+    local kf = key_floor(X, Q, p.T, kk, floor_raw)
+    if disc ~= nil then
+      -- discovered keys of this tenant the loaded part of its set does not list
+      local listed = {}
+      for j = 1, nk do listed[keys[j].flow] = true end
+      local missing = {}
+      for flow in pairs(disc) do
+        if not listed[flow] then missing[#missing + 1] = flow end
+      end
+      if #missing > 0 then
+        table.sort(missing)
+        local found = {}
+        if not p.complete then found = call_list('ZMSCORE', kk, missing) end
+        for i, flow in ipairs(missing) do
+          local tag = tonumber(found[i])
+          if tag == nil then tag = register_key(X, Q, p.T, flow) end
+          if tag ~= nil then
+            nk = nk + 1
+            keys[nk] = {flow = flow, tag = tag, tie = disc[flow] or math.huge, active = true,
+              weight = 1}
+          end
+        end
+      end
+    end
+    local floor = kf.value
+    for j = 1, nk do
+      if keys[j].tag < floor then keys[j].tag = floor end
+    end
+    if Q.weighted and nk > 0 then
+      local flows = {}
+      for j = 1, nk do flows[j] = flow_key(keys[j].flow) end
+      local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
+      for j = 1, nk do keys[j].weight = tonumber(raw[j]) or 1 end
+    end
+    p.keys, p.kf = keys, kf
+    loaded[#loaded + 1] = p
+    -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
+    if nk == 0 and pair_emptied(p) then drop_pair(p) end
+  end
+
+  -- A pair's best active key and the next best. A key set of at most KEYS_SCANNED keys is
+  -- scanned (no heap to build: most pairs serve once or twice per call), and so is a
+  -- bigger one at the pair's first pick in the call; from its second pick on, a bigger
+  -- one has a heap, built then from its keys as they are, from which the best key is
+  -- taken out (the serve loop puts it back while it stays active). A key that turned
+  -- inactive is dropped from the heap when it comes up.
+  local function best_key(p)
+    local keys = p.keys
+    local n = #keys
+    p.picks = p.picks + 1
+    if n <= KEYS_SCANNED or p.picks == 1 then
+      local best, second
+      for j = 1, n do
+        local k = keys[j]
+        if k.active then
+          if key_better(k, best) then
+            best, second = k, best
+          elseif key_better(k, second) then
+            second = k
+          end
+        end
+      end
+      return best, second
+    end
+    local h = p.kheap
+    if h == nil then
+      h = heap_new(key_better)
+      for _, k in ipairs(p.keys) do
+        if k.active then heap_push(h, k) end
+      end
+      p.kheap = h
+    end
+    local best = heap_pop(h)
+    while best ~= nil and not best.active do best = heap_pop(h) end
+    while h.n > 0 and not h[1].active do heap_pop(h) end
+    return best, h[1]
+  end
+
+  -- The least `tie` (longest-waiting known head) of a pair's active keys: scanned in a
+  -- small key set or at the pair's first pick, else from a heap of {key, tie} snapshots
+  -- (one is stale once its key turned inactive or moved its tie).
+  local function tie_less(a, b) return a.tie < b.tie end
+  local function keys_tie(p, moved)
+    local keys = p.keys
+    local n = #keys
+    if n <= KEYS_SCANNED or p.picks == 1 then
+      local least = math.huge
+      for j = 1, n do
+        local k = keys[j]
+        if k.active then
+          local tie = k.tie
+          if tie < least then least = tie end
+        end
+      end
+      return least
+    end
+    local h = p.tieheap
+    if h == nil then
+      h = heap_new(tie_less)
+      for _, k in ipairs(p.keys) do
+        if k.active then heap_push(h, {k = k, tie = k.tie}) end
+      end
+      p.tieheap = h
+    elseif moved ~= nil then
+      heap_push(h, {k = moved, tie = moved.tie})
+    end
+    while h.n > 0 and not (h[1].k.active and h[1].k.tie == h[1].tie) do heap_pop(h) end
+    return h.n > 0 and h[1].tie or math.huge
+  end
+
+  -- Serve `got` runs just claimed for pair p (and key kc): advance the tags.
+  local function advance(p, kc, got)
+    local step = p.Q.quantum / p.ten.weight
+    local start = p.ten.tag
+    tenant_floor_raise(X, V, start + (got - 1) * step)
+    p.ten.tag = start + got * step
+    if not p.ten.touched then
+      p.ten.touched = true
+      touched_tenants[#touched_tenants + 1] = p.T
+    end
+    if kc ~= nil then
+      local kstep = p.Q.quantum / kc.weight
+      local klast = kc.tag + (got - 1) * kstep
+      if klast > p.kf.value then
+        p.kf.value = klast
+        p.kf.dirty = true
+      end
+      kc.tag = kc.tag + got * kstep
+      kc.touched = true
+    end
+  end
+
+  -- Whether the cap that holds a flow back counts slots it holds (else none can free).
+  local function holds_slot(Q, flow, tenant, named, why)
+    if why == 'tenant' and named then
+      return tenant_running(X, Q.B, Q.V, Q.env_id, Q.name, tenant) > 0
+    end
+    return flow_running(X, Q, flow) > 0
+  end
+
+  -- The active pairs in a heap by (tenant tag, tie, names), each at most once. A pair
+  -- carries the key it was pushed with (hk, ht); one whose key moved since (its tenant
+  -- was served through another queue) goes back in with its current key when it comes up.
+  local heap
+  local function keyed(p)
+    p.hk, p.ht = p.ten.tag, p.tie
+    return p
+  end
+  local function live(p)
+    return p.active and not qdone[p.Q.B]
+  end
+  local function fresh(p)
+    return p.hk == p.ten.tag and p.ht == p.tie
+  end
+  local function pop_best()
+    while true do
+      local p = heap_pop(heap)
+      if p == nil then return nil end
+      if live(p) then
+        if fresh(p) then return p end
+        heap_push(heap, keyed(p))
+      end
+    end
+  end
+  -- The best pair of another tenant than T, left in the heap.
+  local function peek_other(T)
+    local top = heap[1]
+    if top ~= nil and top.T ~= T and live(top) and fresh(top) then return top end
+    local held, found = {}, nil
+    while found == nil do
+      local p = heap_pop(heap)
+      if p == nil then break end
+      if live(p) then
+        if not fresh(p) then
+          heap_push(heap, keyed(p))
+        else
+          held[#held + 1] = p
+          if p.T ~= T then found = p end
+        end
+      end
+    end
+    for _, p in ipairs(held) do heap_push(heap, p) end
+    return found
+  end
+
+  -- The SFQ loop over the active pairs.
+  local function serve_pairs()
+    -- pairs compare by their tenant's tag, then the longest-waiting head they are known
+    -- to hold (discovery), then names (only to break a tie of equal heads)
+    heap = heap_new(function(a, b)
+      local x, y = a.hk, b.hk
+      if x ~= y then return x < y end
+      x, y = a.ht, b.ht
+      if x ~= y then return x < y end
+      x, y = a.T, b.T
+      if x ~= y then return x < y end
+      return a.Q.name < b.Q.name
+    end)
+    for _, c in ipairs(plist) do
+      if live(c) then heap_push(heap, keyed(c)) end
+    end
+    while served < budget do
+      local p = pop_best()
+      if p == nil then break end
+      local second = peek_other(p.T)
+      local Q = p.Q
+      load_keys(p)
+      local flow, kc, kc2
+      if p.simple then
+        flow = string.sub(p.T, 1, 1) == '/' and KEYLESS_FLOW or p.T
+      else
+        kc, kc2 = best_key(p)
+        if kc ~= nil then flow = kc.flow end
+      end
+      if flow == nil then
+        -- nothing left in this pair in this call (drained, or every key held back)
+        p.active = false
+      else
+        local named = flow_tenant(flow) ~= nil
+        -- runs of this flow served in this call count against max_per_key (when set)
+        local sid = Q.max_per_key and (Q.B .. '|' .. flow)
+        local room = budget - served
+        if sid then room = math.min(room, Q.max_per_key - (served_of[sid] or 0)) end
+        local take, buckets, why, next_at = flow_allowance(X, Q, flow, p.T, named, room, R,
+          false)
+        if take <= 0 then
+          if why == 'total' or why == 'rate:queue' then
+            qdone[Q.B] = true
+          elseif (why == 'key' or why == 'tenant') and not holds_slot(Q, flow, p.T, named, why) then
+            -- a cap at or below 0 holds it back: no slot of it can free, so it is not
+            -- parked (it waits for a settings change); this call skips it
+            if kc ~= nil and why == 'key' then kc.active = false else p.active = false end
+          elseif why == 'key' and not p.simple then
+            kc.active = false
+            kc.gone = true
+            park_key(X, Q, p.T, flow, kc.tag, nil)
+            if pair_emptied(p) then drop_pair(p) end
+            if Q.borrow then lenders[#lenders + 1] = {p = p, flow = flow, kc = kc} end
+          elseif why == 'key' or why == 'tenant' then
+            p.active = false
+            park_pair(X, Q, p.T, p.ten.tag, nil)
+            if Q.borrow then lenders[#lenders + 1] = {p = p, flow = flow, kc = kc} end
+          elseif why == 'rate:tenant' or (why == 'rate:key' and p.simple) then
+            p.active = false
+            park_pair(X, Q, p.T, p.ten.tag, next_at)
+          elseif why == 'rate:key' then
+            kc.active = false
+            kc.gone = true
+            park_key(X, Q, p.T, flow, kc.tag, next_at)
+            if pair_emptied(p) then drop_pair(p) end
+          elseif kc ~= nil then
+            kc.active = false -- this key had its share of the call (max_per_key)
+          else
+            p.active = false
+          end
+        else
+          -- SFQ inside the call: serve this pair while its start tag stays below the
+          -- next tenant's (a tie is settled by the next pick, with the new heads)
+          local run = take
+          local step = Q.quantum / p.ten.weight
+          if second ~= nil then
+            local k = math.max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
+            if k < run then run = k end
+          end
+          if kc ~= nil and kc2 ~= nil then
+            local kstep = Q.quantum / kc.weight
+            local k = math.max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
+            if k < run then run = k end
+          end
+          local got, head = claim(X, Q, flow, run, lease_ms, out)
+          took(X, Q, flow, buckets, got)
+          if got > 0 then
+            served = served + got
+            if sid then served_of[sid] = (served_of[sid] or 0) + got end
+            advance(p, kc, got)
+            -- its new head competes from now on
+            if kc ~= nil then
+              kc.tie = head or math.huge
+              p.tie = keys_tie(p, kc) -- over its active keys, this one included
+            else
+              p.tie = head or math.huge
+            end
+          end
+          if head == nil then
+            -- the flow drained
+            if kc ~= nil then
+              kc.active = false
+              kc.gone = true
+              redis.call('ZREM', tenant_key(Q.B, p.T, 'keys'), flow)
+              if pair_emptied(p) then drop_pair(p) end
+            else
+              drop_pair(p)
+            end
+          elseif head > X.now then
+            -- only future runs left: out of the order until they are due
+            wait_until(R, head)
+            if kc ~= nil then
+              kc.active = false
+              kc.gone = true
+              park_key(X, Q, p.T, flow, kc.tag, head)
+              if pair_emptied(p) then drop_pair(p) end
+            else
+              p.active = false
+              park_pair(X, Q, p.T, p.ten.tag, head)
+            end
+          elseif got == 0 then
+            if kc ~= nil then kc.active = false else p.active = false end
+          end
+        end
+      end
+      -- the key taken from the pair's key heap goes back while it is still active
+      if kc ~= nil and kc.active and p.kheap then heap_push(p.kheap, kc) end
+      -- still in play (another of its keys, or its next runs): back in with its new tag
+      if live(p) then heap_push(heap, keyed(p)) end
+    end
+  end
+
+  -- a round that parks gated candidates may uncover others behind them: gather again
+  -- while rounds park (bounded), so keys at their cap cannot hide servable ones
+  local parked_any = false
+  for round = 1, MAX_ROUNDS do
+    X.parked_now = false
+    if gather() == 0 and round > 1 then break end
+    serve_pairs()
+    parked_any = parked_any or X.parked_now
+    if served >= budget or not X.parked_now then break end
+  end
+  -- still nothing served but candidates were parked: more may lie behind them, so the
+  -- caller should come back at once rather than sleep
+  if served == 0 and parked_any then wait_until(R, X.now) end
+
+  -- borrowing: capped keys and tenants may take slots nobody else of the queue can use
+  for _, l in ipairs(lenders) do
+    if served >= budget then break end
+    local p, flow = l.p, l.flow
+    local Q = p.Q
+    local named = flow_tenant(flow) ~= nil
+    local take, buckets = flow_allowance(X, Q, flow, p.T, named, budget - served, R, true)
+    if take > 0 then
+      local got = claim(X, Q, flow, take, lease_ms, out)
+      took(X, Q, flow, buckets, got)
+      if got > 0 then
+        served = served + got
+        advance(p, l.kc, got)
+      end
+    end
+  end
+
+  -- write the tags back: V:tt (authoritative, with the floor), the copies in B:tq, key
+  -- sets, key floors. TTLs are refreshed (and tags the floor passed pruned) on a tick.
+  local f = X.tfloor and X.tfloor[V]
+  if f == nil then return served end -- no candidate: nothing was read or changed
+  local tick = floor_ticked(X, V)
+  local tt = env_key(V, 'tenant_tags')
+  local tt_args, by_queue = {}, {}
+  for _, T in ipairs(touched_tenants) do
+    tt_args[#tt_args + 1] = ten[T].tag
+    tt_args[#tt_args + 1] = T
+  end
+  if #tt_args > 0 or f.value > f.start or not f.stored then
+    tt_args[#tt_args + 1] = f.value
+    tt_args[#tt_args + 1] = FLOOR_MEMBER
+    call_chunked('ZADD', tt, tt_args)
+  end
+  if tick then
+    redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
+    redis.call('EXPIRE', tt, X.C.state_ttl)
+  end
+  for _, p in ipairs(plist) do
+    if p.ten.touched and not p.dropped then
+      local args = by_queue[p.Q.B] or {}
+      by_queue[p.Q.B] = args
+      args[#args + 1] = p.ten.tag
+      args[#args + 1] = p.T
+    end
+  end
+  for B, args in pairs(by_queue) do
+    call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
+    if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
+  end
+  for _, p in ipairs(loaded) do
+    -- the keys still in the set (not drained or parked in this call), and its floor
+    local args = {}
+    for _, k in ipairs(p.keys) do
+      if k.touched and not k.gone then
+        args[#args + 1] = k.tag
+        args[#args + 1] = k.flow
+      end
+    end
+    local kf = p.kf
+    if kf.dirty then
+      args[#args + 1] = kf.value
+      args[#args + 1] = FLOOR_MEMBER
+      kf.dirty = false
+    end
+    if #args > 0 then
+      local kk = tenant_key(p.Q.B, p.T, 'keys')
+      call_chunked('ZADD', kk, args)
+      if tick then redis.call('EXPIRE', kk, X.C.state_ttl) end
+    end
+  end
+  return served
+end
+
+-- The environment's place in the fair order across the environments of its shard.
+-- (Only for dequeues that chose this environment among the shard's: a dequeue limited
+-- to one environment, a worker's, does not compete with the others.) The shard's
+-- environment virtual time is the member '~floor' of T:etag.
+local function env_charge(X, env, served)
+  if served <= 0 or not X.charge_env then return end
+  local etag = shard_key(X.tag, 'env_tags')
+  local got = redis.call('ZMSCORE', etag, env.env_id, FLOOR_MEMBER)
+  local floor = tonumber(got[2]) or 0
+  local tag = tonumber(got[1]) or floor
+  if tag < floor then tag = floor end
+  local weight = tonumber(redis.call('HGET', shard_key(X.tag, 'env_weights'), env.env_id)) or 1
+  redis.call('ZADD', etag, tag + served / weight, env.env_id, math.max(floor, tag), FLOOR_MEMBER)
+  redis.call('EXPIRE', etag, X.C.state_ttl)
+end
+
+-- Serve the ready heads of one environment: the fair queues together in one SFQ order
+-- (placed where their oldest head is), the age-order queues as in the age order.
+HOOK.serve = function(X, env, by_name, ready, budget, lease_ms, out, R)
+  local served, lenders = 0, {}
+  local fair, seen, heads = {}, {}, {}
+  for _, entry in ipairs(ready) do
+    local Q = by_name[entry.queue]
+    if Q.order == 'fair' then
+      if not seen[Q.name] then
+        seen[Q.name] = true
+        fair[#fair + 1] = Q
+      end
+      if entry.kind == KIND_QUEUE then heads[Q.name] = entry.score end
+    end
+  end
+  local fair_done = false
+  for _, entry in ipairs(ready) do
+    if served >= budget then break end
+    local Q = by_name[entry.queue]
+    if Q.order == 'fair' then
+      if not fair_done then
+        fair_done = true
+        served = served + fair_serve(X, env, fair, heads, budget - served, lease_ms, out, R)
+      end
+    elseif entry.kind == KIND_QUEUE then
+      served = served + serve_keyless(X, Q, budget - served, lease_ms, out, R)
+    else
+      served = served + serve_ck_age(X, Q, budget - served, lease_ms, out, R, lenders)
+    end
+  end
+  if served < budget and #lenders > 0 then
+    served = served + serve_borrowers(X, lenders, budget - served, lease_ms, out, R)
+  end
+  if fair_done then env_charge(X, env, served) end
+  return served
+end
