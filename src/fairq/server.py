@@ -45,11 +45,18 @@ from redis.retry import Retry
 
 from fairq.errors import ConfigurationError, EmbeddedServerError, ServerUnavailableError
 from fairq.packing import use_hiredis_packing
+from fairq.state_dir import (
+    STATE_DIR_ENV,
+    check_private_dir,
+    fallback_state_dir,
+    make_private_dir,
+    open_lock_file,
+    read_state_file,
+    state_dir,
+)
 
 #: Environment variable naming an external server.
 URL_ENV = "FAIRQ_REDIS_URL"
-#: Environment variable naming the shared server's state directory.
-STATE_DIR_ENV = "FAIRQ_STATE_DIR"
 #: Environment variable choosing the shared server's ``appendfsync`` policy.
 FSYNC_ENV = "FAIRQ_FSYNC"
 #: Accepted ``appendfsync`` policies, and the shared server's default.
@@ -334,7 +341,8 @@ def unix_url(path: Path) -> str:
 
 # --------------------------------------------------------------------------- shared server
 #
-# Files in the state directory (mode 0700, like the data directory inside it):
+# Files in the state directory (mode 0700, like the data directory inside it; fairq
+# uses the directory only once fairq.state_dir has checked it can be trusted):
 #   valkey.sock   the server's only address
 #   server.json   what was started (mode 0600, replaced atomically)
 #   server.lock   taken by whoever starts or stops the server (one at a time)
@@ -350,13 +358,6 @@ START_TIMEOUT = 60.0
 _warned: set[str] = set()
 
 
-def state_dir() -> Path:
-    """Per-user directory of the shared embedded server (``FAIRQ_STATE_DIR``, else
-    ``$XDG_STATE_HOME/fairq``, else ``~/.local/state/fairq``), as an absolute path."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(os.environ.get(STATE_DIR_ENV) or str(Path(base) / "fairq")).expanduser().absolute()
-
-
 def shared_socket_path() -> Path:
     """The shared server's socket, ``<state_dir>/valkey.sock``.
 
@@ -364,7 +365,9 @@ def shared_socket_path() -> Path:
         EmbeddedServerError: the path does not fit in a unix socket address.
     """
     path = state_dir() / SOCKET_NAME
-    check_socket_path(path, f"set {STATE_DIR_ENV} to a shorter directory (e.g. /tmp/fairq-$USER)")
+    check_socket_path(
+        path, f"set {STATE_DIR_ENV} to a shorter directory of your own, e.g. {fallback_state_dir()}"
+    )
     return path
 
 
@@ -432,44 +435,30 @@ def _parse_state(text: str, socket_path: Path) -> SharedServerState:
     return SharedServerState(fsync=fsync, **strings, **numbers)
 
 
-def _legacy_record(text: str) -> tuple[int, int] | None:
-    """``(port, pid)`` of a state file written by an older fairq (a TCP server), else None."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or "socket" in data:
-        return None
-    port, pid = data.get("port"), data.get("pid")
-    if type(port) is int and type(pid) is int and 0 < port < 65536 and pid > 0:
-        return port, pid
-    return None
-
-
 @dataclass(frozen=True)
 class _Loaded:
     state: SharedServerState | None
     problem: str | None = None  # why the file present could not be used
-    legacy: tuple[int, int] | None = None  # (port, pid) of an older fairq's TCP server
 
 
 def _load_state(*, warn: bool = True) -> _Loaded:
-    """The validated ``server.json``; a file that cannot be used is reported (one log
-    warning per problem and process) and otherwise ignored: the next start replaces it."""
+    """The validated ``server.json`` of the (already checked) state directory; a file
+    that cannot be used is reported (one log warning per problem and process) and
+    otherwise ignored: the next start replaces it. It is read only if it is a regular
+    file of this uid, at most 64 KiB (never through a symlink, never blocking on a FIFO)."""
     path = _state_file()
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return _Loaded(None)
+        raw = read_state_file(path)
+        if raw is None:
+            return _Loaded(None)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         loaded = _Loaded(None, f"it cannot be read ({exc})")
     else:
         try:
             return _Loaded(_parse_state(text, shared_socket_path()))
         except _BadState as exc:
-            legacy = _legacy_record(text)
-            reason = "it was written by an older fairq" if legacy else str(exc)
-            loaded = _Loaded(None, reason, legacy)
+            loaded = _Loaded(None, str(exc))
     if warn:
         message = (
             f"fairq: ignoring the shared server's state file {path}: {loaded.problem}; "
@@ -510,21 +499,12 @@ def _write_state(directory: Path, state: SharedServerState) -> None:
 
 
 def _make_private(directory: Path) -> None:
-    """Create the state and data directories (0700), refusing one owned by another user,
-    and take group/other access away from anything an older fairq left readable."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        info = directory.stat()
-    except OSError as exc:
-        raise EmbeddedServerError(f"cannot create the state directory {directory}: {exc}") from None
-    if info.st_uid != os.getuid():
-        raise EmbeddedServerError(
-            f"the state directory {directory} belongs to uid {info.st_uid}, not to you: "
-            f"set {STATE_DIR_ENV} to a directory of your own"
-        )
+    """Create the state directory (0700) or refuse one fairq cannot trust
+    (:func:`fairq.state_dir.make_private_dir`), then its data directory, taking
+    group/other access away from any file in it."""
+    make_private_dir(directory)
     data = directory / "data"
     try:
-        os.chmod(directory, 0o700)
         data.mkdir(exist_ok=True, mode=0o700)
         for root, _dirs, files in os.walk(data):
             os.chmod(root, 0o700)
@@ -539,10 +519,7 @@ def _make_private(directory: Path) -> None:
 
 @contextlib.contextmanager
 def _flock(path: Path) -> Iterator[int]:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise EmbeddedServerError(f"cannot open the lock file {path}: {exc}") from None
+    fd = open_lock_file(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -552,7 +529,7 @@ def _flock(path: Path) -> Iterator[int]:
 
 def _try_lock(path: Path) -> int | None:
     """An fd holding ``path``'s exclusive lock, or ``None`` when another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_lock_file(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -672,48 +649,6 @@ def _adopt(probe: _Probe, socket_path: Path) -> SharedServerState:
     return state
 
 
-def _retire_legacy(port: int, pid: int, timeout: float = 10.0) -> bool:
-    """Shut down a shared server started by an older fairq (TCP, same data directory), so
-    that two servers never write one append-only file. Only a server that answers on the
-    recorded port as the recorded pid, runs our binary and uses our data directory is
-    asked to stop (``SHUTDOWN``, which keeps its data); ``True`` if one was stopped."""
-    client = _client(host="127.0.0.1", port=port)
-    try:
-        info = client.info("server")
-        if int(info.get("process_id", 0)) != pid:
-            return False
-        if not _same_file(str(info.get("executable", "")), valkey_binary()):
-            return False
-        directory = client.config_get("dir").get("dir", "")
-        if not isinstance(directory, str) or not _same_file(directory, shared_data_dir()):
-            return False
-        client.shutdown()
-    except (RedisError, OSError, ValueError, TypeError):
-        return False
-    finally:
-        client.close()
-    deadline = time.monotonic() + timeout
-    while _runs_valkey(pid):  # its append-only file is closed only when it has exited
-        _reap(pid)
-        if time.monotonic() >= deadline:
-            raise EmbeddedServerError(
-                f"the shared server of an older fairq (pid {pid}) did not exit in {timeout}s"
-            )
-        time.sleep(0.02)
-    log.warning("fairq: stopped the shared server of an older fairq (pid %d, port %d)", pid, port)
-    return True
-
-
-def _runs_valkey(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process of the valkey-server binary."""
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return False
-    return status.rpartition(")")[2].split()[:1] != ["Z"] and _same_file(exe, valkey_binary())
-
-
 def _trusted(state: SharedServerState | None) -> bool:
     """A recorded server counts only if it answers on the socket with the recorded run_id."""
     if state is None:
@@ -773,9 +708,30 @@ def _start_shared(directory: Path, socket_path: Path, fsync: str) -> SharedServe
     return state
 
 
+def _checked_state_dir() -> Path | None:
+    """The state directory if it exists and can be trusted, None when it does not exist.
+
+    Raises:
+        EmbeddedServerError: it exists but fairq cannot trust it (see fairq.state_dir).
+    """
+    directory = state_dir()
+    try:
+        check_private_dir(directory)
+    except FileNotFoundError:
+        return None
+    return directory
+
+
 def _ensure_shared(start: bool) -> str:
     requested_fsync = fsync_policy_from_env()
     socket_path = shared_socket_path()
+    if start:
+        directory = state_dir()
+        _make_private(directory)
+    elif _checked_state_dir() is None:
+        raise EmbeddedServerError(
+            "the shared fairq server is not running (start it: fairq server start)"
+        )
     loaded = _load_state()
     if _trusted(loaded.state):
         return unix_url(socket_path)
@@ -783,8 +739,6 @@ def _ensure_shared(start: bool) -> str:
         raise EmbeddedServerError(
             "the shared fairq server is not running (start it: fairq server start)"
         )
-    directory = state_dir()
-    _make_private(directory)
     with _flock(directory / "server.lock"):
         loaded = _load_state()  # another process may have started it meanwhile
         probe = _probe(socket_path)
@@ -792,8 +746,6 @@ def _ensure_shared(start: bool) -> str:
             if loaded.state is None or probe.run_id != loaded.state.run_id:
                 _adopt(probe, socket_path)
             return unix_url(socket_path)
-        if loaded.legacy is not None:
-            _retire_legacy(*loaded.legacy)
         recorded = loaded.state.fsync if loaded.state else None
         _start_shared(directory, socket_path, requested_fsync or recorded or DEFAULT_FSYNC)
         return unix_url(socket_path)
@@ -859,6 +811,8 @@ def shared_server_status() -> dict[str, Any] | None:
     ``process_id``, ``binary``, ``started_at``, ``fsync``, plus ``data_dir``) if it is
     running and answers with the recorded run_id, else ``None``."""
     try:
+        if _checked_state_dir() is None:
+            return None
         loaded = _load_state()
     except EmbeddedServerError:
         return None
@@ -885,9 +839,12 @@ def shared_server_report() -> SharedServerReport:
     state file (that is reported in ``problem``).
 
     Raises:
-        EmbeddedServerError: the state directory is too long for a unix socket path.
+        EmbeddedServerError: the state directory is too long for a unix socket path, or
+            exists and cannot be trusted (nothing in it is read).
     """
     socket_path = shared_socket_path()
+    if _checked_state_dir() is None:
+        return SharedServerReport(False, str(socket_path), str(shared_data_dir()), None, None, None)
     loaded = _load_state(warn=False)
     probe = _probe(socket_path)
     running = probe is not None and loaded.state is not None and probe.run_id == loaded.state.run_id
@@ -921,8 +878,8 @@ def stop_shared(timeout: float = 10.0) -> StopOutcome:
             as the shared server (nothing is stopped), or the server did not exit in time.
     """
     socket_path = shared_socket_path()
-    directory = state_dir()
-    if not directory.is_dir():
+    directory = _checked_state_dir()
+    if directory is None:
         return StopOutcome(False, "not running")
     with _flock(directory / "server.lock"):
         loaded = _load_state()
@@ -950,9 +907,6 @@ def stop_shared(timeout: float = 10.0) -> StopOutcome:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
             how = "sent SIGTERM"
-        elif loaded.legacy is not None and _retire_legacy(*loaded.legacy, timeout=timeout):
-            _state_file().unlink(missing_ok=True)
-            return StopOutcome(True, f"stopped the older fairq server (pid {loaded.legacy[1]})")
         else:
             if state is not None:
                 _state_file().unlink(missing_ok=True)

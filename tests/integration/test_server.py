@@ -4,7 +4,6 @@ shared per-user server is found by every command instead of started twice."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from fairq import server as fq_server
 from fairq.errors import FairqError, ServerUnavailableError
@@ -155,45 +153,3 @@ def test_a_restarted_shared_server_comes_back_at_the_same_url(short_state: Path)
     after = fq_server.shared_server_status()
     assert before is not None and after is not None
     assert after["run_id"] != before["run_id"] and after["url"] == first
-
-
-def test_an_older_fairqs_tcp_server_is_retired_before_the_new_one_starts(
-    short_state: Path,
-) -> None:
-    """Given the TCP server of an older fairq on the shared data directory (its state
-    file has url/pid/port), when the new shared server starts, then the old one is shut
-    down first (two servers never write one append-only file) and its data carries over."""
-    data = short_state / "data"
-    with EmbeddedServer(data_dir=data, appendonly=True) as old:
-        assert old.process is not None
-        (short_state / "server.json").write_text(
-            json.dumps({"url": old.url, "pid": old.process.pid, "port": old.port})
-        )
-        client = redis.Redis(host="127.0.0.1", port=old.port)
-        try:
-            client.set("from-the-old-server", "kept")
-        finally:
-            client.close()
-        url = fq_server.shared_server_url()
-        assert old.process.wait(10) == 0  # shut down, not killed
-    client = redis.Redis.from_url(url)
-    try:
-        assert client.get("from-the-old-server") == b"kept"
-    finally:
-        client.close()
-
-
-def test_an_older_state_file_naming_some_other_server_leaves_it_alone(short_state: Path) -> None:
-    """A legacy record whose port answers with a server on another data directory is
-    not ours: it keeps running, and the shared server starts on its socket."""
-    with EmbeddedServer() as other:
-        assert other.process is not None
-        short_state.mkdir(mode=0o700)
-        (short_state / "server.json").write_text(
-            json.dumps({"url": other.url, "pid": other.process.pid, "port": other.port})
-        )
-        url = fq_server.shared_server_url()
-        assert url.startswith("unix://")
-        assert fq_server.stop_shared_server() is True
-        assert other.process.poll() is None
-        assert fq_server._ping("127.0.0.1", other.port)

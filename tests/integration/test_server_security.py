@@ -99,24 +99,143 @@ def test_every_file_of_the_shared_server_is_private(state: Path) -> None:
         assert _mode(path) == 0o700, path
 
 
-def test_a_world_readable_layout_left_by_an_older_fairq_is_made_private(state: Path) -> None:
+def test_loose_files_in_the_data_directory_are_made_private(state: Path) -> None:
+    """Inside a trusted state directory, group / other access to the data is taken away."""
     (state / "data").mkdir(parents=True)
-    state.chmod(0o755)
+    state.chmod(0o700)
     (state / "data").chmod(0o755)
     old = state / "data" / "old.aof"
-    old.write_text("payloads of an older version")
+    old.write_text("payloads")
     old.chmod(0o644)
     fq_server.shared_server_url()
     assert (_mode(state), _mode(state / "data"), _mode(old)) == (0o700, 0o700, 0o600)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a directory of another uid")
-def test_a_state_dir_of_another_user_is_refused(state: Path) -> None:
+def _untouched(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``directory``: (mode, size), to show a refusal changed nothing."""
+    return {
+        str(p.relative_to(directory)): (os.lstat(p).st_mode, os.lstat(p).st_size)
+        for p in [directory, *directory.rglob("*")]
+    }
+
+
+def test_a_state_dir_open_to_other_users_is_refused_and_left_alone(state: Path) -> None:
+    """A directory of ours that group or others may enter or write is not trusted (they
+    could have put a socket or a record there): a clear error names the fix, and
+    nothing in it is read, started or changed."""
     state.mkdir()
+    state.chmod(0o755)
+    (state / "server.json").write_text("{}")
+    before = _untouched(state)
+    for call in (fq_server.shared_server_url, fq_server.shared_server_report,
+                 fq_server.stop_shared):  # fmt: skip
+        with pytest.raises(EmbeddedServerError, match=r"mode is 0755.*chmod 700"):
+            call()
+    assert fq_server.shared_server_status() is None
+    assert _untouched(state) == before
+
+
+def test_a_symlinked_state_dir_is_refused(base: Path, state: Path) -> None:
+    """The state directory is a symlink (to a private directory of ours, even): refused."""
+    real = base / "real"
+    real.mkdir(mode=0o700)
+    state.symlink_to(real)
+    with pytest.raises(EmbeddedServerError, match=r"is a symlink.*FAIRQ_STATE_DIR"):
+        fq_server.shared_server_url()
+    assert list(real.iterdir()) == []
+
+
+def test_a_state_dir_whose_parent_others_may_write_is_refused(base: Path, state: Path) -> None:
+    """Others may write to the parent and it has no sticky bit: they could swap the
+    directory, so it is refused; with the sticky bit (as /tmp has) it is used."""
+    base.chmod(0o777)
+    with pytest.raises(EmbeddedServerError, match=r"write to its parent.*sticky"):
+        fq_server.shared_server_url()
+    base.chmod(0o1777)
+    assert fq_server.shared_server_url() == f"unix://{state / 'valkey.sock'}"
+
+
+def test_the_suggested_fallback_is_per_uid_and_made_private(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error for a state directory too long for a socket suggests
+    ``<temp>/fairq-<uid>``; set as FAIRQ_STATE_DIR, it is created 0700 in a sticky,
+    world-writable temp directory and works."""
+    base.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    fallback = fq_server.fallback_state_dir()
+    assert fallback == base / f"fairq-{os.getuid()}"
+    monkeypatch.setenv("FAIRQ_STATE_DIR", str(base / ("d" * 100)))
+    with pytest.raises(EmbeddedServerError, match=f"e.g. {fallback}"):
+        fq_server.shared_server_url()
+    monkeypatch.setenv("FAIRQ_STATE_DIR", str(fallback))
+    monkeypatch.delenv("FAIRQ_FSYNC", raising=False)
+    try:
+        assert fq_server.shared_server_url() == f"unix://{fallback / 'valkey.sock'}"
+        assert _mode(fallback) == 0o700
+    finally:
+        fq_server.stop_shared_server()
+
+
+AS_ROOT = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root to make files of another uid (os.chown)"
+)
+
+
+@AS_ROOT
+def test_a_state_dir_of_another_user_is_refused(state: Path) -> None:
+    state.mkdir(mode=0o700)
     os.chown(state, NOBODY, NOBODY)
     with pytest.raises(EmbeddedServerError, match=r"belongs to uid 65534.*FAIRQ_STATE_DIR"):
         fq_server.shared_server_url()
     assert list(state.iterdir()) == []
+
+
+@AS_ROOT
+def test_a_server_another_user_set_up_in_the_state_dir_is_never_used(state: Path) -> None:
+    """Another uid made the state directory first (the per-user path under /tmp is
+    predictable), runs its own valkey on the socket there and wrote a record that
+    matches it. fairq refuses the directory before reading the record: neither the URL
+    nor the status ever names that server, and nothing is sent to it."""
+    state.mkdir(mode=0o700)
+    sock = state / "valkey.sock"
+    with EmbeddedServer(unix_socket=sock) as theirs:
+        assert theirs.process is not None
+        client = redis.Redis(unix_socket_path=str(sock))
+        try:
+            info = client.info("server")
+            (state / "server.json").write_text(json.dumps({
+                "url": f"unix://{sock}", "socket": str(sock), "pid": theirs.process.pid,
+                "run_id": info["run_id"], "process_id": info["process_id"],
+                "binary": str(fq_server.valkey_binary()),
+                "started_at": "2026-01-01T00:00:00+00:00", "fsync": "everysec",
+            }))  # fmt: skip
+            for path in (state, sock, state / "server.json"):
+                os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+            calls_before = int(client.info("stats")["total_commands_processed"])
+            with pytest.raises(EmbeddedServerError, match=r"belongs to uid 65534"):
+                fq_server.shared_server_url()
+            with pytest.raises(EmbeddedServerError, match=r"belongs to uid 65534"):
+                fq_server.resolve_url()
+            assert fq_server.shared_server_status() is None
+            # nothing but this test's own INFO reached their server
+            assert int(client.info("stats")["total_commands_processed"]) == calls_before + 1
+        finally:
+            client.close()
+
+
+@AS_ROOT
+def test_a_state_file_of_another_user_is_not_read(state: Path) -> None:
+    """In a trusted directory, a server.json that is not ours is ignored (and replaced
+    at the next start)."""
+    state.mkdir(mode=0o700)
+    (state / "server.json").write_text("{}")
+    os.chown(state / "server.json", NOBODY, NOBODY)
+    report = fq_server.shared_server_report()
+    assert report.state is None and report.problem is not None
+    assert "belongs to uid 65534" in report.problem
+    fq_server.shared_server_url()
+    assert os.lstat(state / "server.json").st_uid == os.getuid()
 
 
 def test_a_state_dir_too_long_for_a_socket_is_a_clear_error_that_creates_nothing(

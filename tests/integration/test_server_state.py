@@ -13,8 +13,9 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,7 @@ RAW = {
     "garbage": "{not json at all",
     "binary": b"\xff\xfe\x00garbage",
     "array": "[1, 2, 3]",
-    "legacy-bad-port": '{"url": "redis://127.0.0.1:abc/0", "pid": 1, "port": "abc"}',
+    "other-shape": '{"url": "redis://127.0.0.1:abc/0", "pid": 1, "port": "abc"}',
 }
 #: a well-formed state file naming pid 1, with one field made wrong
 CHANGES: dict[str, dict[str, object]] = {
@@ -375,3 +376,74 @@ def test_the_cli_shows_the_validated_state(state: Path) -> None:
     assert again.exit_code == 0 and again.output.strip() == "not running"
     as_json = json.loads(runner.invoke(main, ["server", "status", "--json"]).output)
     assert as_json["running"] is False
+
+
+def _returns_within(call: Callable[[], object], seconds: float) -> bool:
+    """Whether ``call`` returns (or raises) within ``seconds``, run in a daemon thread."""
+    done = threading.Event()
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            call()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(seconds)
+
+
+def _release_readers(fifo: Path) -> None:
+    """Open the FIFO for writing and close it: a reader blocked on it sees EOF."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_fifo_as_the_state_file_hangs_nothing_and_is_replaced(state: Path) -> None:
+    """server.json is a FIFO nobody writes: status, report, stop and the URL each
+    return at once (the file is not a regular file: reported, not read), and the next
+    start replaces it with a valid record."""
+    state.mkdir(mode=0o700)
+    fifo = state / "server.json"
+    os.mkfifo(fifo, 0o600)
+    try:
+        for call in (fq_server.shared_server_status, fq_server.shared_server_report,
+                     fq_server.stop_shared):  # fmt: skip
+            assert _returns_within(call, 5), call.__name__
+        assert "not a regular file" in (fq_server.shared_server_report().problem or "")
+        assert _returns_within(fq_server.shared_server_url, 30)
+    finally:
+        _release_readers(fifo)
+    assert stat.S_ISREG(os.lstat(fifo).st_mode)
+    _valid(state)
+
+
+def test_a_symlinked_or_huge_state_file_is_not_read(state: Path, tmp_path: Path) -> None:
+    """A server.json that is a symlink (to a record naming a live server, even) is not
+    followed, and one over 64 KiB is not read: both are reported and replaced."""
+    url = fq_server.shared_server_url()
+    record = tmp_path / "elsewhere.json"
+    record.write_text((state / "server.json").read_text())
+    (state / "server.json").unlink()
+    (state / "server.json").symlink_to(record)
+    report = fq_server.shared_server_report()
+    assert not report.running and "symlink" in (report.problem or "")
+    assert fq_server.shared_server_url() == url  # recorded again, as a regular file
+    assert stat.S_ISREG(os.lstat(state / "server.json").st_mode)
+    (state / "server.json").write_text(" " * (64 * 1024 + 1))
+    assert "larger than" in (fq_server.shared_server_report().problem or "")
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_a_clear_error(state: Path) -> None:
+    """server.lock is a FIFO (or a symlink): starting refuses it with an error naming
+    it, at once, instead of blocking on it or locking something else."""
+    state.mkdir(mode=0o700)
+    os.mkfifo(state / "server.lock", 0o600)
+    try:
+        with pytest.raises(EmbeddedServerError, match=r"server\.lock.*not a regular file"):
+            fq_server.shared_server_url()
+    finally:
+        _release_readers(state / "server.lock")
+    (state / "server.lock").unlink()
+    (state / "server.lock").symlink_to(state / "elsewhere")
+    with pytest.raises(EmbeddedServerError, match=r"server\.lock"):
+        fq_server.shared_server_url()
+    assert not (state / "elsewhere").exists()
