@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fairq.commands.limits",
         "Get or set limits, scheduling options, caps and weights; pause and resume queues.",
     ),
+    "partitions": (
+        "fairq.commands.partitions",
+        "Show or change how many partitions an environment is spread over.",
+    ),
     "dlq": ("fairq.commands.dlq", "List, redrive and delete dead-lettered runs."),
     "runs": ("fairq.commands.runs", "Show one run, or a queue's recently finished runs."),
     "cancel": ("fairq.commands.cancel", "Cancel queued or dead-lettered runs."),

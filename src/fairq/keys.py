@@ -15,6 +15,17 @@ shard's tag, and so do the per-shard keys. Every script receives the shard tag a
 ``KEYS[1]`` and builds the names it touches from it with the generated builders, so
 every script touches keys of exactly one hash slot, and never uses ``KEYS``/``SCAN``.
 
+Partitions
+----------
+An environment may be spread over ``S`` *partitions* (``S`` per environment, default 1).
+Partition 0 is the environment's shard; partition ``p > 0`` is another shard, the first
+one not yet taken along the sequence ``jump_hash("E#p")``, ``+1``, ``+2`` … (so ``S`` is
+at most ``shard_count``, and the partitions of a smaller ``S`` are the first ones of a
+larger). A partition holds every key of the environment above under its own shard's
+tag: it is an environment of its own to the scripts. A tenant lives in one partition,
+``jump_hash(tenant, S)`` (a run without a named tenant: of its concurrency key; a run
+with neither: partition 0), so its caps and its fair order are exact inside it.
+
 Names
 -----
 ``org``, ``project``, ``env`` and ``queue`` names are validated (letters, digits and
@@ -84,6 +95,8 @@ Per tenant of a queue (``B:t:N:<name>``; only for tenants that own several keys 
 Global (never touched by a script)
   ``<prefix>:wake``  pub/sub channel: "work may be available" hints for consumers
   ``<prefix>:meta``  HASH  the shard count and prefix every process must agree on
+  ``<prefix>:placement``  HASH  ``E`` -> how many partitions the environment has (only
+                     for environments spread over several; see Partitions below)
   ``<prefix>:maintenance-lock``  STRING lets one consumer per interval run maintenance
 """
 
@@ -95,7 +108,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-from fairq.errors import InvalidNameError
+from fairq.errors import InvalidLimitError, InvalidNameError
 
 #: Maximum length of an org, project, env, queue name or run id.
 MAX_NAME_LENGTH: Final = 128
@@ -109,6 +122,8 @@ _CK_SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 
 #: Environments whose shard a KeySchema remembers.
 _SHARD_CACHE_SIZE: Final = 65_536
+#: Most partitions one environment may have (and at most the shard count).
+MAX_PARTITIONS: Final = 256
 
 #: Queue-heads index member kinds: a queue's keyless runs, and its keyed runs.
 KIND_QUEUE: Final = "q"
@@ -283,6 +298,16 @@ def decode_tenant(encoded: str) -> str | None:
     return decode_concurrency_key(encoded)
 
 
+def tenant_partition(encoded_tenant: str, encoded_ck: str, partitions: int) -> int:
+    """The partition of a run's tenant among ``partitions``: a jump hash of its named
+    tenant, else of its concurrency key (the key is then its tenant), else 0 (a
+    queue's keyless runs)."""
+    if partitions <= 1:
+        return 0
+    name = encoded_tenant or encoded_ck
+    return jump_hash(name, partitions) if name else 0
+
+
 def jump_hash(key: str, buckets: int) -> int:
     """Lamping-Veach jump consistent hash of SHA-256(key) over ``buckets``."""
     if buckets <= 0:
@@ -414,12 +439,15 @@ class KeySchema:
             raise InvalidNameError("shard count", shard_count, "must be an integer in 1..16384")
         self.shard_count = shard_count
         self._shard_cache: dict[str, int] = {}
+        self._partition_cache: dict[str, list[int]] = {}
         #: Pub/sub channel for wake-up hints (no hash tag: never used in a script's KEYS).
         self.wake_channel = f"{prefix}:wake"
         #: The configuration every process sharing the prefix must agree on.
         self.meta = f"{prefix}:meta"
         #: Lets one consumer per interval run maintenance.
         self.maintenance_lock = f"{prefix}:maintenance-lock"
+        #: How many partitions each spread environment has.
+        self.placement = f"{prefix}:placement"
 
     def shard_of(self, env: Environment) -> int:
         """The environment's shard (memoised: a SHA-256 per message adds up)."""
@@ -429,6 +457,46 @@ class KeySchema:
                 self._shard_cache.clear()
             shard = self._shard_cache[env.id] = jump_hash(env.id, self.shard_count)
         return shard
+
+    def partition_shards(self, env: Environment, partitions: int) -> list[int]:
+        """The shards of an environment's first ``partitions`` partitions (partition 0 is
+        its shard; see the module's docstring).
+
+        Raises:
+            InvalidLimitError: ``partitions`` is not in 1..min(shard_count, MAX_PARTITIONS).
+        """
+        check_partitions(partitions, self.shard_count)
+        known = self._partition_cache.get(env.id)
+        if known is None or len(known) < partitions:
+            if len(self._partition_cache) >= _SHARD_CACHE_SIZE:
+                self._partition_cache.clear()
+            known = self._partition_cache[env.id] = self._place(env, partitions)
+        return known[:partitions]
+
+    def _place(self, env: Environment, partitions: int) -> list[int]:
+        shards = [self.shard_of(env)]
+        taken = set(shards)
+        for p in range(1, partitions):
+            shard = jump_hash(f"{env.id}#{p}", self.shard_count)
+            while shard in taken:
+                shard = (shard + 1) % self.shard_count
+            shards.append(shard)
+            taken.add(shard)
+        return shards
+
+    def partition_shard(self, env: Environment, partition: int) -> int:
+        """The shard of one partition of an environment."""
+        if partition == 0:
+            return self.shard_of(env)
+        return self.partition_shards(env, partition + 1)[partition]
+
+    def partition_at(self, env: Environment, shard: int) -> int | None:
+        """Which partition of ``env`` lives on ``shard`` (None: none can)."""
+        if shard == self.shard_of(env):
+            return 0
+        limit = min(self.shard_count, MAX_PARTITIONS)
+        shards = self.partition_shards(env, limit)
+        return shards.index(shard) if shard in shards else None
 
     def tag(self, shard: int) -> str:
         """The hash tag of a shard: ``{prefix.N}``."""
@@ -442,12 +510,12 @@ class KeySchema:
     def shards(self) -> list[ShardKeys]:
         return [self.shard(i) for i in range(self.shard_count)]
 
-    def tag_of(self, env: Environment) -> str:
-        """The hash tag of an environment's shard."""
-        return self.tag(self.shard_of(env))
+    def tag_of(self, env: Environment, partition: int = 0) -> str:
+        """The hash tag of an environment's shard (or of one of its partitions)."""
+        return self.tag(self.partition_shard(env, partition))
 
-    def env(self, env: Environment) -> EnvKeys:
-        tag = self.tag_of(env)
+    def env(self, env: Environment, partition: int = 0) -> EnvKeys:
+        tag = self.tag_of(env, partition)
         prefix = f"{tag}:{ENV_PART}:{env.id}"
         named = {attr: f"{prefix}:{suffix}" for attr, suffix in ENV_KEYS.items()}
         return EnvKeys(
@@ -457,11 +525,31 @@ class KeySchema:
             **named,
         )
 
-    def queue(self, env: Environment, queue: str) -> QueueKeys:
+    def queue(self, env: Environment, queue: str, partition: int = 0) -> QueueKeys:
         validate_name("queue", queue, allow_slash=True)
-        base = f"{self.tag_of(env)}:{QUEUE_PART}:{env.id}:{queue}"
+        base = f"{self.tag_of(env, partition)}:{QUEUE_PART}:{env.id}:{queue}"
         named = {attr: f"{base}:{suffix}" for attr, suffix in QUEUE_KEYS.items()}
         return QueueKeys(base=base, **named)
+
+
+def check_partitions(partitions: object, shard_count: int) -> int:
+    """A partition count an environment may have: an integer in 1..min(shard_count, 256).
+
+    Raises:
+        InvalidLimitError: it is not.
+    """
+    high = min(shard_count, MAX_PARTITIONS)
+    if (
+        isinstance(partitions, bool)
+        or not isinstance(partitions, int)
+        or not 1 <= partitions <= high
+    ):
+        raise InvalidLimitError(
+            "partition count",
+            partitions,
+            f"must be an integer in 1..{high} (at most the shard count)",
+        )
+    return partitions
 
 
 def heads_member(kind: str, env: Environment, queue: str) -> str:

@@ -146,6 +146,8 @@ class Delivery:
     keep_outcome: bool = False
     #: The trace context given at enqueue (None = none).
     trace_context: str | None = None
+    #: The environment's partition the run lives in (0 unless it is spread over several).
+    partition: int = 0
     #: ``org:project:env:run``: how lease operations name the run (made once).
     lease_member: str = field(init=False, repr=False, compare=False)
 
@@ -231,6 +233,8 @@ class QueueStats:
     arrival_cap: float = 1.0
     #: The options the queue sets itself, as stored (option name -> value).
     options: dict[str, str] = field(default_factory=dict)
+    #: The environment's partitions the counts are summed over.
+    partitions: int = 1
 
     @property
     def paused(self) -> bool:
@@ -254,6 +258,8 @@ class EnvStats:
     arrival_cap: float = 1.0
     max_per_key_per_call: int | None = None
     charge: str = "count"
+    #: The partitions the environment is spread over (its counts are their sums).
+    partitions: int = 1
 
 
 @dataclass(frozen=True, slots=True)

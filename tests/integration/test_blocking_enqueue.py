@@ -71,13 +71,13 @@ async def test_threads_waiting_on_a_call_in_flight_share_one_script_call(
     leader = threading.Thread(target=trigger, args=(0,))
     leader.start()
     deadline = time.monotonic() + 5
-    while (env, "blk2") not in blocking._sending:  # the leader's call is in flight
+    while (env, 0, "blk2") not in blocking._sending:  # the leader's call is in flight
         assert time.monotonic() < deadline
         await asyncio.sleep(0.005)
     others = [threading.Thread(target=trigger, args=(i,)) for i in range(1, 8)]
     for t in others:
         t.start()
-    while len(blocking._waiting.get((env, "blk2"), [])) < 7:
+    while len(blocking._waiting.get((env, 0, "blk2"), [])) < 7:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.005)
     await rq.client.execute_command("CLIENT", "UNPAUSE")

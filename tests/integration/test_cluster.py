@@ -11,9 +11,10 @@ order for the order-dependent ones, named ``op[age]`` / ``op[fair]``); the expir
 is gone (an expired run's outcome says ``expired``); ``next_due_ms`` is gone (nothing is
 due when a dequeue brings nothing and knows of nothing held back: ``wait_ms is None``).
 The exercise now also sets a limit (``configure``) and leases one flow directly
-(``dequeue_variant``), so that every script is still called. Only the two documented
+(``dequeue_variant``), so that every script is still called. Only the documented
 global keys (``<prefix>:meta``, ``<prefix>:maintenance-lock``, never touched by a
-script) may lack a shard's hash tag.
+script) may lack a shard's hash tag, and the placement record (``<prefix>:placement``),
+since one environment of the exercise is spread over 3 partitions.
 """
 
 from __future__ import annotations
@@ -141,10 +142,15 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
     Returns the environments' shard ids that received work.
     """
     envs = covering_environments(rq, per_shard=3)
+    # the first environment is spread over 3 partitions; its runs name tenants of each
+    await rq.set_partitions(envs[0], 3)
     requests = []
     for i, env in enumerate(envs):
         for j in range(3):
-            requests.append(EnqueueRequest(env, f"q{j % 2}/sub", f"run-{i}-{j}", {"i": i}))
+            tenant = f"tenant{j}" if i == 0 else None
+            requests.append(
+                EnqueueRequest(env, f"q{j % 2}/sub", f"run-{i}-{j}", {"i": i}, tenant=tenant)
+            )
         requests.append(
             EnqueueRequest(
                 env, "keyed", f"ck-{i}", None, concurrency_key=AWKWARD_KEYS[i % len(AWKWARD_KEYS)]
@@ -242,7 +248,7 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(
         keys = [k.decode() async for k in rq.client.scan_iter(match=f"*{prefix}*", count=1000)]
         assert keys
         # the documented global keys: no script touches them
-        global_keys = {rq.keys.meta, rq.keys.maintenance_lock}
+        global_keys = {rq.keys.meta, rq.keys.maintenance_lock, rq.keys.placement}
         assert rq.keys.meta in keys
         for key in keys:
             if ours.search(key) and key not in global_keys:

@@ -27,6 +27,7 @@ from fairq.store.admin import AdminOps, Change
 from fairq.store.dequeue import DequeueOps
 from fairq.store.enqueue import EnqueueOps
 from fairq.store.finish import FinishOps
+from fairq.store.layout import LayoutOps
 from fairq.store.maintenance import MaintenanceOps
 from fairq.store.readers import HistoryBucket, ReaderOps, RecentRun
 from fairq.store.runs import RunOps
@@ -34,7 +35,9 @@ from fairq.store.selection import SelectionStrategy
 from fairq.store.validate import payload as encode_payload
 
 
-class RunQueue(EnqueueOps, DequeueOps, FinishOps, RunOps, MaintenanceOps, AdminOps, ReaderOps):
+class RunQueue(
+    EnqueueOps, DequeueOps, FinishOps, RunOps, MaintenanceOps, LayoutOps, AdminOps, ReaderOps
+):
     """Enqueue, dequeue, finish and inspect runs; set limits and options.
 
     Args:
@@ -56,6 +59,8 @@ class RunQueue(EnqueueOps, DequeueOps, FinishOps, RunOps, MaintenanceOps, AdminO
         self._batches = {}
         self._sending = set()
         self._drainers = set()
+        self._views = {}
+        self._floor_hints = {}
 
 
 __all__ = [

@@ -29,6 +29,7 @@ from fairq.keys import Environment, KeySchema
 from fairq.server import AnyRedis
 from fairq.store.cluster_routing import route_fcall_by_keys
 from fairq.store.context import ScriptContext
+from fairq.store.placement import Placement, PlacementCache
 from fairq.store.scripts import Order, Script, ScriptRegistry, registry
 from fairq.store.status import Status, decode
 from fairq.store.wire import script_wire
@@ -91,6 +92,8 @@ class StoreCore:
         self._context = ScriptContext.from_config(self.config, self.keys.wake_channel)
         self._fair_envs: dict[str, float] = {}
         self._meta_checked = False
+        #: this process's copy of the placement record (see store/placement.py)
+        self.placements = PlacementCache()
 
     # ------------------------------------------------------------------ order twins
 
@@ -116,12 +119,34 @@ class StoreCore:
             return "fair"
         now = time.monotonic()
         for env_id, seen in self._fair_envs.items():
-            if (
-                now - seen < FAIR_MEMORY_S
-                and self.keys.shard_of(Environment.parse(env_id)) == shard
-            ):
-                return "fair"
+            if now - seen < FAIR_MEMORY_S:
+                env = Environment.parse(env_id)
+                served = self.placements.get(env_id).served
+                if shard in self.keys.partition_shards(env, served):
+                    return "fair"
         return "age"
+
+    async def placement(self, env: Environment) -> Placement:
+        """The environment's partitions (this process's copy of the placement record,
+        read again when it is older than PLACEMENT_REFRESH_S)."""
+        await self._fresh_placements()
+        return self.placements.get(env.id)
+
+    async def spread_placements(self) -> dict[str, Placement]:
+        """The environments spread over several partitions (or draining some), by id."""
+        await self._fresh_placements()
+        return self.placements.spread()
+
+    async def _fresh_placements(self) -> None:
+        if not self._meta_checked:
+            await self.check_meta()
+        if not self.placements.fresh(time.monotonic()):
+            await self.refresh_placements()
+
+    async def refresh_placements(self) -> None:
+        """Read the placement record again (one round trip)."""
+        record = await self.read(self.client.hgetall(self.keys.placement))
+        self.placements.load(record, time.monotonic())
 
     def learn_fair(self, env: Environment) -> None:
         self._fair_envs[env.id] = time.monotonic()
@@ -140,11 +165,13 @@ class StoreCore:
         meta = self.keys.meta
         count = str(self.config.shard_count)
 
-        async def agree() -> Any:
-            await self.client.hsetnx(meta, "shard_count", count)
-            return await self.client.hget(meta, "shard_count")
+        def agree(pipe: Any) -> None:
+            pipe.hsetnx(meta, "shard_count", count)
+            pipe.hget(meta, "shard_count")
+            pipe.hgetall(self.keys.placement)  # read with it: no round trip of its own
 
-        recorded = await self.read(agree())
+        _, recorded, placements = await self.pipeline(agree)
+        self.placements.load(placements, time.monotonic())
         if recorded is not None and text_of(recorded) != count:
             raise ConfigurationMismatchError(
                 f"prefix {self.config.prefix!r} uses {text_of(recorded)} shards on this server, "
@@ -188,10 +215,12 @@ class StoreCore:
         env: Environment,
         args: list[Any],
         now_ms: int | None,
+        partition: int = 0,
     ) -> Any:
-        """Run an order-dependent script for an environment; when its age-order build
-        refuses (the environment uses the fair order), run the fair build instead."""
-        tag = self.keys.tag_of(env)
+        """Run an order-dependent script for an environment (on one of its partitions);
+        when its age-order build refuses (the environment uses the fair order), run the
+        fair build instead."""
+        tag = self.keys.tag_of(env, partition)
         order = self.order_for(env)
         reply = await self.call(operation, order, tag, args, now_ms)
         if self.refused_as_fair(env, order, reply):

@@ -122,8 +122,22 @@ class AdminOps(StoreCore):
 
         return sum(int(n) for n in await self.pipeline(build))
 
-    async def configure(self, env: Environment, changes: Sequence[Change]) -> None:
-        """Apply changes to one environment's settings atomically (all or nothing)."""
+    async def configure(
+        self,
+        env: Environment,
+        changes: Sequence[Change],
+        *,
+        partitions: Sequence[int] | None = None,
+    ) -> None:
+        """Apply changes to one environment's settings atomically (all or nothing).
+
+        An environment spread over several partitions keeps its settings in each: the
+        changes are applied to every partition (or to ``partitions``), one script call
+        each, partition 0 first. Every call checks the same changes, so they all apply or
+        the first refuses; a connection lost between two calls leaves the later
+        partitions unchanged until the same changes are applied again (applying them is
+        idempotent).
+        """
         if not isinstance(env, Environment):
             raise InvalidNameError("environment", env, "must be an Environment")
         if len(changes) > MAX_CHANGES:
@@ -133,8 +147,11 @@ class AdminOps(StoreCore):
             args += [c.target, c.queue or "", c.field, "" if c.value is None else c.value]
         if not changes:
             return
-        reply = await self.call("configure", "age", self.keys.tag_of(env), args, None)
-        self.decode("configure", reply)
+        if partitions is None:
+            partitions = range((await self.placement(env)).served)
+        for partition in partitions:
+            tag = self.keys.tag_of(env, partition)
+            self.decode("configure", await self.call("configure", "age", tag, args, None))
 
     # ------------------------------------------------------------------ environments
 

@@ -13,6 +13,7 @@ and what it learned about environments' orders; a cluster keeps the event-loop p
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -26,7 +27,8 @@ from fairq.store.scripts import Order
 if TYPE_CHECKING:
     from fairq.store import RunQueue
 
-_Key = tuple[Environment, str]
+#: (env, partition, queue): what one enqueue script call can carry.
+_Key = tuple[Environment, int, str]
 
 
 class _Call:
@@ -68,7 +70,7 @@ class BlockingEnqueuer:
             ConnectionLostError: the server cannot be reached.
         """
         call = _Call(request, self._rq.encode_request(request))
-        key = (request.env, request.queue)
+        key = (request.env, self._partition(request.env, call.encoded), request.queue)
         with self._lock:
             if key in self._sending:
                 self._waiting.setdefault(key, []).append(call)
@@ -87,6 +89,18 @@ class BlockingEnqueuer:
             raise call.error
         assert call.result is not None
         return call.result
+
+    def _partition(self, env: Environment, encoded: list[str]) -> int:
+        """The partition an encoded run goes to, from the store's copy of the placement
+        record (read again here, on this thread's connection, when it is stale)."""
+        placements = self._rq.placements
+        if not placements.fresh(time.monotonic()):
+            try:
+                record = self._client.hgetall(self._rq.keys.placement)
+            except Exception as exc:
+                raise_translated(exc, self._rq.server)
+            placements.load(record, time.monotonic())
+        return placements.get(env.id).partition_of(encoded[2], encoded[1])
 
     def _send_and_hand_over(self, key: _Key, batch: list[_Call]) -> None:
         """Send ``batch``, then make the first caller that waited meanwhile send the next
@@ -110,20 +124,20 @@ class BlockingEnqueuer:
                 call.done.release()
 
     def _send(self, key: _Key, batch: list[_Call]) -> None:
-        env, queue = key
+        env, partition, queue = key
         for start in range(0, len(batch), MAX_RUNS_PER_CALL):
             part = batch[start : start + MAX_RUNS_PER_CALL]
             args = enqueue_args(env, queue, [call.encoded for call in part])
-            reply = self._call_for_env(env, args)
+            reply = self._call_for_env(env, partition, args)
             results = enqueue_results([call.request for call in part], reply)
             for call, result in zip(part, results, strict=True):
                 call.result = result
 
-    def _call_for_env(self, env: Environment, args: list[str]) -> Any:
+    def _call_for_env(self, env: Environment, partition: int, args: list[str]) -> Any:
         """The enqueue script in the environment's order (the fair build when the age
         build refuses), as :meth:`fairq.store.RunQueue.call_for_env` does."""
         rq = self._rq
-        tag = rq.keys.tag_of(env)
+        tag = rq.keys.tag_of(env, partition)
         order = rq.order_for(env)
         reply = self._fcall(order, tag, args)
         if rq.refused_as_fair(env, order, reply):

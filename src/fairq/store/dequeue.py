@@ -4,15 +4,17 @@ environments of a shard when a dequeue is not limited to one environment."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fairq import keys as K
 from fairq.keys import Environment
 from fairq.models import Delivery, DequeueBatch
 from fairq.store import validate
-from fairq.store._core import StoreCore, text_of
+from fairq.store._core import text_of
 from fairq.store.run_hash import DELIVERY_FIELDS, DELIVERY_OFFSET
 from fairq.store.selection import EnvPlan, SelectionStrategy
+from fairq.store.spread import Leased, SpreadOps
 
 #: Where each field of a delivered run is in its slice of a dequeue reply.
 _RUN_ID = DELIVERY_OFFSET["run_id"]
@@ -29,14 +31,14 @@ _OUTCOME_POLICY = DELIVERY_OFFSET["outcome_policy"]
 _TRACE = DELIVERY_OFFSET["trace"]
 
 
-class DequeueOps(StoreCore):
+class DequeueOps(SpreadOps):
     selection: SelectionStrategy
 
     if TYPE_CHECKING:
 
         async def queues(self, env: Environment) -> list[str]: ...
 
-    def _deliveries(self, env: Environment, raw: list[Any]) -> list[Delivery]:
+    def _deliveries(self, env: Environment, raw: list[Any], partition: int = 0) -> list[Delivery]:
         out = []
         for i in range(0, len(raw), len(DELIVERY_FIELDS)):
             ck, tenant = text_of(raw[i + _CK]), text_of(raw[i + _TENANT])
@@ -55,6 +57,7 @@ class DequeueOps(StoreCore):
                     timeout_ms=int(raw[i + _TIMEOUT]) or None,
                     keep_outcome=text_of(raw[i + _OUTCOME_POLICY]) == "keep",
                     trace_context=text_of(raw[i + _TRACE]) or None,
+                    partition=partition,
                 )
             )
         return out
@@ -69,9 +72,11 @@ class DequeueOps(StoreCore):
         now_ms: int | None = None,
         kinds: str = "",
         charge_env: bool = False,
+        partition: int = 0,
     ) -> DequeueBatch:
-        """One dequeue script call: up to ``max_count`` runs of ``env`` from ``queues``
-        (``kinds``: "" all runs, "q" keyless only, "ck" keyed only)."""
+        """One dequeue script call: up to ``max_count`` runs of ``env`` (of one of its
+        partitions) from ``queues`` (``kinds``: "" all runs, "q" keyless only, "ck" keyed
+        only)."""
         for q in queues:
             K.validate_name("queue", q, allow_slash=True)
         if not queues:
@@ -82,11 +87,14 @@ class DequeueOps(StoreCore):
             env,
             [env.id, str(max_count), str(lease), kinds, "1" if charge_env else "0", *queues],
             now_ms,
+            partition,
         )
         self.decode("dequeue", reply[0])
         wait = int(reply[1])
         return DequeueBatch(
-            self._deliveries(env, reply[3]), None if wait < 0 else wait, bool(int(reply[2]))
+            self._deliveries(env, reply[3], partition),
+            None if wait < 0 else wait,
+            bool(int(reply[2])),
         )
 
     async def dequeue_batch(
@@ -102,10 +110,11 @@ class DequeueOps(StoreCore):
         """Lease up to ``max_count`` runs, and say how long to wait when there are none.
 
         With ``env`` (and optionally ``queues``, e.g. a worker's task queues) one script
-        call serves that environment, gated by its limits. Without, every shard's heads
-        are read in one round trip (with the server's clock), the shards are tried in
-        random order and each shard's ready environments in the selection strategy's
-        order, one script call per environment.
+        call serves that environment, gated by its limits (an environment spread over
+        several partitions: its partitions in the order of :mod:`.spread`). Without,
+        every shard's heads are read in one round trip (with the server's clock), the
+        shards are tried in random order and each shard's ready environments in the
+        selection strategy's order, one script call per environment.
 
         Raises:
             InvalidLimitError: ``max_count`` not an integer in 1..1000, or a bad lease.
@@ -118,35 +127,46 @@ class DequeueOps(StoreCore):
             validate.time_ms("now_ms", now_ms)
         if env is not None:
             names = list(queues) if queues is not None else await self.queues(env)
+            placement = await self.placement(env)
+            if placement.served > 1:
+                return await self.dequeue_spread(
+                    env, names, placement.served, max_count, lease_ms=lease_ms, now_ms=now_ms
+                )
             return await self.dequeue_env(env, names, max_count, lease_ms=lease_ms, now_ms=now_ms)
         shard_ids = list(range(self.keys.shard_count)) if shards is None else list(shards)
         self.rng.shuffle(shard_ids)
         now, heads = await self._heads(shard_ids, now_ms)
-        out: list[Delivery] = []
-        wait: int | None = None
-        gated = False
+        leased = Leased(max_count)
+        spread = await self._spread_envs(heads, now, queues)
+        spread_ids = set(spread)
         for shard in shard_ids:
             ready = [(m, score) for m, score in heads[shard] if score <= now]
-            if not ready:
-                continue
-            for plan in await self._plan(shard, ready):
-                if len(out) >= max_count:
+            # an environment spread over partitions is served across all of them where
+            # it is first met, in its partitions' order (spread.py)
+            for env_id in sorted({_env_id(m) for m, _ in ready} & spread.keys()):
+                spread_env, names, served = spread.pop(env_id)
+                if leased.room > 0:
+                    leased.add(
+                        await self.dequeue_spread(
+                            spread_env, names, served, leased.room, lease_ms=lease_ms,
+                            now_ms=now_ms, charge_env=True,
+                        )
+                    )  # fmt: skip
+            ready = [(m, score) for m, score in ready if _env_id(m) not in spread_ids]
+            for plan in await self._plan(shard, ready) if ready else []:
+                if leased.room <= 0:
                     break
                 if queues is not None:
-                    plan = EnvPlan(
-                        plan.env, [q for q in plan.queues if q in queues], plan.oldest_ms
+                    plan = replace(plan, queues=[q for q in plan.queues if q in queues])
+                leased.add(
+                    await self.dequeue_env(
+                        plan.env, plan.queues, leased.room, lease_ms=lease_ms, now_ms=now_ms,
+                        charge_env=True, partition=plan.partition,
                     )
-                batch = await self.dequeue_env(
-                    plan.env, plan.queues, max_count - len(out), lease_ms=lease_ms,
-                    now_ms=now_ms, charge_env=True,
                 )  # fmt: skip
-                out += batch.deliveries
-                gated = gated or batch.gated
-                if batch.wait_ms is not None:
-                    wait = batch.wait_ms if wait is None else min(wait, batch.wait_ms)
-            if len(out) >= max_count:
+            if leased.room <= 0:
                 break
-        if not out and wait is None:
+        if not leased.runs and leased.wait is None:
             # the earliest head of any shard: a ready one the gates below skipped means
             # try again now; one a script found behind a limit (gated) is woken by the
             # slot that frees, so only future heads count then
@@ -154,10 +174,10 @@ class DequeueOps(StoreCore):
                 score
                 for members in heads.values()
                 for _, score in members
-                if not gated or score > now
+                if not leased.gated or score > now
             ]
-            wait = max(0, int(min(earliest)) - now) if earliest else None
-        return DequeueBatch(out, wait, gated)
+            leased.wait = max(0, int(min(earliest)) - now) if earliest else None
+        return leased.batch()
 
     async def dequeue(
         self,
@@ -209,20 +229,47 @@ class DequeueOps(StoreCore):
         named ``tenant`` or of none), oldest first, whatever the queue's order: for
         reference models that pick the flow themselves. The env gate, the flow's caps
         (key, tenant, total) and its rate limits apply, and the run is counted for the
-        flow's named tenant; no fair-order state moves."""
+        flow's named tenant; no fair-order state moves. In an environment spread over
+        partitions, the flow is looked for in the partition of its tenant (the named
+        one, else the key)."""
         validate.max_count(max_count)
         K.validate_name("queue", queue, allow_slash=True)
         ck = "" if concurrency_key is None else K.encode_concurrency_key(concurrency_key)
         named = "" if tenant is None else K.encode_tenant(tenant)
         lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)
+        partition = (await self.placement(env)).partition_of(named, ck)
         reply = await self.call(
-            "dequeue_variant", "age", self.keys.tag_of(env),
+            "dequeue_variant", "age", self.keys.tag_of(env, partition),
             [env.id, queue, ck, str(max_count), str(lease), named], now_ms,
         )  # fmt: skip
         self.decode("dequeue_variant", reply[0])
-        return self._deliveries(env, reply[3])
+        return self._deliveries(env, reply[3], partition)
 
     # ------------------------------------------------------------------ selection
+
+    async def _spread_envs(
+        self,
+        heads: dict[int, list[tuple[str, float]]],
+        now: int,
+        queues: Sequence[str] | None,
+    ) -> dict[str, tuple[Environment, list[str], int]]:
+        """The environments spread over partitions that have ready heads: env id ->
+        (env, its ready queues in any partition, partitions served)."""
+        known = await self.spread_placements()
+        if not known:
+            return {}
+        found: dict[str, set[str]] = {}
+        for members in heads.values():
+            for member, score in members:
+                env_id = _env_id(member)
+                if score <= now and env_id in known:
+                    queue = member.split(":", 4)[4]
+                    if queues is None or queue in queues:
+                        found.setdefault(env_id, set()).add(queue)
+        return {
+            env_id: (Environment.parse(env_id), sorted(names), known[env_id].served)
+            for env_id, names in found.items()
+        }
 
     async def _heads(
         self, shards: list[int], now_ms: int | None
@@ -252,14 +299,19 @@ class DequeueOps(StoreCore):
         """A shard's ready environments (from its ready ``members``), in the selection
         strategy's order."""
         s = self.keys.shard(shard)
-        plans = self.selection.group(members)
-        if len(plans) == 1:
+        plans = []
+        for plan in self.selection.group(members):
+            partition = self.keys.partition_at(plan.env, shard)
+            if partition is not None:  # (None: a member no fairq process writes)
+                plans.append(replace(plan, partition=partition))
+        if len(plans) <= 1:
             return plans  # nothing to order; its dequeue script applies its limit itself
         envs = [p.env for p in plans]
+        where = {p.env: p.partition for p in plans}
 
         def gates(pipe: Any) -> None:
             for env in envs:
-                e = self.keys.env(env)
+                e = self.keys.env(env, where[env])
                 pipe.scard(e.inflight)
                 pipe.hmget(e.config, ["concurrency", "burst_factor"])
             pipe.zmscore(s.env_tags, [*(e.id for e in envs), K.FLOOR_MEMBER])
@@ -282,4 +334,10 @@ class DequeueOps(StoreCore):
                 env: max(floor, float(t) if t is not None else floor)
                 for env, t in zip(envs, tags_raw or [None] * len(envs), strict=True)
             }
-        return self.selection.order(members, busy, limit, tags)
+        ordered = self.selection.order(members, busy, limit, tags)
+        return [replace(p, partition=where[p.env]) for p in ordered]
+
+
+def _env_id(member: str) -> str:
+    """The environment id of a heads-index member (``kind:org:project:env:queue``)."""
+    return ":".join(member.split(":", 4)[1:4])

@@ -46,8 +46,9 @@ def enqueue_results(requests: Sequence[EnqueueRequest], reply: Any) -> list[Enqu
 
 
 _Pending = list[tuple[EnqueueRequest, list[str], "asyncio.Future[EnqueueResult]"]]
-#: (event loop, env, queue, logical clock): what one enqueue script call can carry.
-_BatchKey = tuple[int, Environment, str, int | None]
+#: (event loop, env, partition, queue, logical clock): what one enqueue script call can
+#: carry.
+_BatchKey = tuple[int, Environment, int, str, int | None]
 
 
 def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
@@ -111,8 +112,9 @@ class EnqueueOps(StoreCore):
         encoded = self.encode_request(request)
         if now_ms is not None:
             validate.time_ms("now_ms", now_ms)
+        partition = await self.partition_of(request.env, encoded)
         loop = asyncio.get_running_loop()
-        key = (id(loop), request.env, request.queue, now_ms)
+        key = (id(loop), request.env, partition, request.queue, now_ms)
         future: asyncio.Future[EnqueueResult] = loop.create_future()
         if key in self._sending:
             self._batches.setdefault(key, []).append((request, encoded, future))
@@ -146,12 +148,12 @@ class EnqueueOps(StoreCore):
                 waiting.cancel()
 
     async def _deliver_batch(self, key: _BatchKey, batch: _Pending) -> None:
-        _, env, queue, now_ms = key
+        _, env, partition, queue, now_ms = key
         try:
             for start in range(0, len(batch), MAX_RUNS_PER_CALL):
                 part = batch[start : start + MAX_RUNS_PER_CALL]
                 args = enqueue_args(env, queue, [encoded for _, encoded, _ in part])
-                reply = await self.call_for_env("enqueue", env, args, now_ms)
+                reply = await self.call_for_env("enqueue", env, args, now_ms, partition)
                 results = enqueue_results([request for request, _, _ in part], reply)
                 for (_, _, future), result in zip(part, results, strict=True):
                     if not future.done():
@@ -212,6 +214,10 @@ class EnqueueOps(StoreCore):
             raise QueueSizeLimitExceededError(queue, result.queue_size_limit)
         return result.status
 
+    async def partition_of(self, env: Environment, encoded: list[str]) -> int:
+        """The partition of the environment an encoded run goes to (by its tenant)."""
+        return (await self.placement(env)).partition_of(encoded[2], encoded[1])
+
     def encode_request(self, r: EnqueueRequest) -> list[str]:
         """The 11 script arguments of one run (see :func:`encode_request`)."""
         return encode_request(r, self.config.max_payload_bytes)
@@ -231,7 +237,8 @@ class EnqueueOps(StoreCore):
         validate.time_ms("tick_ms", tick_ms)
         encoded = self.encode_request(request)
         args = [request.env.id, request.queue, schedule, str(tick_ms), *encoded]
-        reply = await self.call_for_env("enqueue", request.env, args, now_ms)
+        partition = await self.partition_of(request.env, encoded)
+        reply = await self.call_for_env("enqueue", request.env, args, now_ms, partition)
         if self.decode("enqueue", reply[0]) is Status.TICK_TAKEN:
             return None
         status = _STATUS[self.decode("enqueue", reply[2])]
@@ -247,21 +254,22 @@ class EnqueueOps(StoreCore):
         """
         if now_ms is not None:
             validate.time_ms("now_ms", now_ms)
-        groups: dict[tuple[Environment, str], list[int]] = defaultdict(list)
+        groups: dict[tuple[Environment, int, str], list[int]] = defaultdict(list)
         encoded: list[list[str]] = []
-        for i, r in enumerate(requests):
+        for r in requests:
             encoded.append(self.encode_request(r))
-            groups[(r.env, r.queue)].append(i)
+        for i, r in enumerate(requests):
+            groups[(r.env, await self.partition_of(r.env, encoded[i]), r.queue)].append(i)
         results: list[EnqueueResult | None] = [None] * len(requests)
         calls = [
-            (env, queue, indexes[i : i + MAX_RUNS_PER_CALL])
-            for (env, queue), indexes in groups.items()
+            (env, partition, queue, indexes[i : i + MAX_RUNS_PER_CALL])
+            for (env, partition, queue), indexes in groups.items()
             for i in range(0, len(indexes), MAX_RUNS_PER_CALL)
         ]
 
-        async def one(env: Environment, queue: str, indexes: list[int]) -> None:
+        async def one(env: Environment, partition: int, queue: str, indexes: list[int]) -> None:
             args = enqueue_args(env, queue, [encoded[i] for i in indexes])
-            reply = await self.call_for_env("enqueue", env, args, now_ms)
+            reply = await self.call_for_env("enqueue", env, args, now_ms, partition)
             got = enqueue_results([requests[i] for i in indexes], reply)
             for i, result in zip(indexes, got, strict=True):
                 results[i] = result
@@ -271,9 +279,11 @@ class EnqueueOps(StoreCore):
         else:
             limiter = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
 
-            async def limited(env: Environment, queue: str, indexes: list[int]) -> None:
+            async def limited(
+                env: Environment, partition: int, queue: str, indexes: list[int]
+            ) -> None:
                 async with limiter:
-                    await one(env, queue, indexes)
+                    await one(env, partition, queue, indexes)
 
             await asyncio.gather(*(limited(*c) for c in calls))
         return [r for r in results if r is not None]

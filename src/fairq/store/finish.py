@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from fairq.errors import InvalidLimitError
-from fairq.keys import Environment
+from fairq.keys import MAX_PARTITIONS, Environment
 from fairq.models import (
     AckStatus,
     Delivery,
@@ -55,6 +55,7 @@ def _check_delivery(d: object) -> Delivery:
     if not isinstance(d, Delivery):
         raise InvalidLimitError("delivery", d, "must be a Delivery from a dequeue")
     validate.integer("lease token", d.lease_token, 0, 10**15)
+    validate.integer("partition", d.partition, 0, MAX_PARTITIONS - 1)
     return d
 
 
@@ -70,7 +71,7 @@ class FinishOps(StoreCore):
         uses the fair order) and return its per-run statuses in the order of ``items``."""
         by_shard: dict[int, list[int]] = defaultdict(list)
         for i, (d, _) in enumerate(items):
-            by_shard[self.keys.shard_of(d.env)].append(i)
+            by_shard[self.keys.partition_shard(d.env, d.partition)].append(i)
         statuses: list[Status] = [Status.UNKNOWN_RUN] * len(items)
         for shard, indexes in by_shard.items():
             envs = {items[i][0].env for i in indexes}
@@ -171,7 +172,7 @@ class FinishOps(StoreCore):
             "nack", d.env,
             [d.lease_member, str(d.lease_token), at, str(delay), "1" if increment_attempt else "0",
              str(limit), text, outcome_json or "", trace],
-            now_ms,
+            now_ms, d.partition,
         )  # fmt: skip
         return _NACK[self.decode("nack", reply[0])]
 

@@ -7,13 +7,15 @@ that a reader finding a CK counter missing while variants hold runs seeds it thr
 
 from __future__ import annotations
 
+import asyncio
+import heapq
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from fairq import keys as K
-from fairq.keys import Environment
+from fairq.keys import Environment, EnvKeys, QueueKeys
 from fairq.models import AuditEntry, DeadLetter, EnvStats, QueueStats, TenantTag, VariantStats
 from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus, decode_outcome
 from fairq.store import run_hash, validate
@@ -116,6 +118,21 @@ def _recent_run(item: str) -> RecentRun:
     )
 
 
+def summed_queue_stats(parts: list[QueueStats]) -> QueueStats:
+    """One queue's stats over an environment's partitions: the first partition's
+    settings (every partition has the same), the counts summed, the oldest head of all."""
+    heads = [p.oldest_score_ms for p in parts if p.oldest_score_ms is not None]
+    return replace(
+        parts[0],
+        queued=sum(p.queued for p in parts),
+        running=sum(p.running for p in parts),
+        delayed=sum(p.delayed for p in parts),
+        oldest_score_ms=min(heads) if heads else None,
+        variants=[v for p in parts for v in p.variants],
+        partitions=len(parts),
+    )
+
+
 def _opt(raw: Any) -> str | None:
     return None if raw is None else text_of(raw)
 
@@ -132,9 +149,23 @@ class ReaderOps(StoreCore):
     async def queues_stats(
         self, env: Environment, queues: Sequence[str], *, breakdown: bool = False
     ) -> list[QueueStats]:
-        """:meth:`queue_stats` for several queues of one environment, in one round trip."""
-        e = self.keys.env(env)
-        qkeys = [self.keys.queue(env, name) for name in queues]
+        """:meth:`queue_stats` for several queues of one environment, in one round trip
+        (one per partition, at once, for an environment spread over several: the counts
+        are their sums)."""
+        served = (await self.placement(env)).served
+        if served == 1:
+            return await self._queues_stats_at(env, queues, breakdown, 0)
+        parts = await asyncio.gather(
+            *(self._queues_stats_at(env, queues, breakdown, p) for p in range(served))
+        )
+        return [summed_queue_stats(list(rows)) for rows in zip(*parts, strict=True)]
+
+    async def _queues_stats_at(
+        self, env: Environment, queues: Sequence[str], breakdown: bool, partition: int
+    ) -> list[QueueStats]:
+        """:meth:`queues_stats` of one partition."""
+        e = self.keys.env(env, partition)
+        qkeys = [self.keys.queue(env, name, partition) for name in queues]
         fields = [*ENV_DEFAULTS]
         for name in queues:
             fields += [K.config_field(name, o) for o in QUEUE_OPTIONS]
@@ -176,17 +207,17 @@ class ReaderOps(StoreCore):
             # ones, found in the env's in-flight set) is seeded from the truth
             if ckr is None and not idx and env_running:
                 if keyed_running is None:
-                    keyed_running = await self._keyed_running(env)
+                    keyed_running = await self._keyed_running(env, partition)
                 if keyed_running.get(name):
                     idx = 1
             if (ckq is None and idx) or (ckr is None and idx):
                 seeded = await self.call(
-                    "seed_counters", "age", self.keys.tag_of(env), [env.id, name], None
+                    "seed_counters", "age", self.keys.tag_of(env, partition), [env.id, name], None
                 )
                 ckq, ckr = seeded[1], seeded[2]
             heads = [float(h[0][1]) for h in (head, ckhead) if h]
             size = qc["max_size"] if qc["max_size"] is not None else env_size
-            variants = await self._variants(env, name) if breakdown else []
+            variants = await self._variants(env, name, partition) if breakdown else []
             oldest = int(min(heads)) if heads else None
             delayed = 0
             if oldest is not None and oldest > now:
@@ -221,9 +252,9 @@ class ReaderOps(StoreCore):
             )
         return out
 
-    async def _keyed_running(self, env: Environment) -> dict[str, int]:
+    async def _keyed_running(self, env: Environment, partition: int) -> dict[str, int]:
         """Keyed runs holding a slot, per queue, read from the env's in-flight runs."""
-        e = self.keys.env(env)
+        e = self.keys.env(env, partition)
         ids = [text_of(r) for r in await self.read(self.client.smembers(e.inflight))]
 
         def owners(pipe: Any) -> None:
@@ -236,9 +267,9 @@ class ReaderOps(StoreCore):
                 counts[text_of(queue)] = counts.get(text_of(queue), 0) + 1
         return counts
 
-    async def _variants(self, env: Environment, queue: str) -> list[VariantStats]:
-        q = self.keys.queue(env, queue)
-        e = self.keys.env(env)
+    async def _variants(self, env: Environment, queue: str, partition: int) -> list[VariantStats]:
+        q = self.keys.queue(env, queue, partition)
+        e = self.keys.env(env, partition)
 
         def first(pipe: Any) -> None:
             pipe.zrange(q.ck_index, 0, MAX_VARIANTS - 1, withscores=True)
@@ -302,16 +333,21 @@ class ReaderOps(StoreCore):
         return out
 
     async def env_stats(self, env: Environment) -> EnvStats:
+        """The environment's counts (summed over its partitions) and settings."""
         e = self.keys.env(env)
         s = self.keys.shard(self.keys.shard_of(env))
+        served = (await self.placement(env)).served
 
         def build(pipe: Any) -> None:
-            pipe.scard(e.inflight)
             pipe.hmget(e.config, ["concurrency", "burst_factor", *ENV_DEFAULTS])
-            pipe.zcard(e.dlq)
             pipe.hget(s.env_weights, env.id)
+            for partition in range(served):
+                part = self.keys.env(env, partition)
+                pipe.scard(part.inflight)
+                pipe.zcard(part.dlq)
 
-        running, limits, dlq, weight = await self.pipeline(build)
+        limits, weight, *counts = await self.pipeline(build)
+        running, dlq = sum(int(n) for n in counts[0::2]), sum(int(n) for n in counts[1::2])
         defaults = dict(zip(ENV_DEFAULTS, (_opt(v) for v in limits[2:]), strict=True))
         fair = self._fair_settings({}, defaults)
         return EnvStats(
@@ -330,6 +366,7 @@ class ReaderOps(StoreCore):
             max_per_key_per_call=int(defaults["max_per_key"] or 0)
             or self.config.max_per_key_per_call,
             charge=defaults["charge"] or self.config.vtime.charge,
+            partitions=served,
             **fair,
         )
 
@@ -365,11 +402,17 @@ class ReaderOps(StoreCore):
         return totals
 
     async def schedule_ticks(self, env: Environment, names: Sequence[str]) -> dict[str, int]:
-        """The last claimed tick (ms) of each named schedule that has one."""
+        """The last claimed tick (ms) of each named schedule that has one (the latest of
+        the environment's partitions: a schedule's runs go to its tenant's)."""
         if not names:
             return {}
-        raw = await self.read(self.client.hmget(self.keys.env(env).schedules, list(names)))
-        return {n: int(v) for n, v in zip(names, raw, strict=True) if v is not None}
+        rows = await self.per_partition(env, lambda pipe, e: pipe.hmget(e.schedules, list(names)))
+        out: dict[str, int] = {}
+        for raw in rows:
+            for n, v in zip(names, raw, strict=True):
+                if v is not None:
+                    out[n] = max(out.get(n, 0), int(v))
+        return out
 
     async def env_order_setting(self, env: Environment) -> str | None:
         """The order stored for the environment (None: none set; process defaults apply)."""
@@ -391,53 +434,80 @@ class ReaderOps(StoreCore):
         return sorted(envs)
 
     async def queues(self, env: Environment) -> list[str]:
-        """Every queue of an environment that ever had a run."""
-        members = await self.read(self.client.smembers(self.keys.env(env).queues))
-        return sorted(text_of(m) for m in members)
+        """Every queue of an environment that ever had a run (in any of its partitions)."""
+        rows = await self.per_partition(env, lambda pipe, e: pipe.smembers(e.queues))
+        return sorted({text_of(m) for members in rows for m in members})
+
+    async def per_partition(
+        self, env: Environment, command: Callable[[Any, EnvKeys], None]
+    ) -> list[Any]:
+        """One command per partition of the environment (its keys given), in one round
+        trip: the replies, partition 0 first."""
+        served = (await self.placement(env)).served
+
+        def build(pipe: Any) -> None:
+            for partition in range(served):
+                command(pipe, self.keys.env(env, partition))
+
+        return await self.pipeline(build)
 
     async def tenant_tags(self, env: Environment) -> list[TenantTag]:
         """The environment's tenants in the fair order, lowest virtual tag first
         (for inspection; a tag below the floor counts as the floor)."""
-        e = self.keys.env(env)
 
-        def build(pipe: Any) -> None:
+        def build(pipe: Any, e: EnvKeys) -> None:
             pipe.zrange(e.tenant_tags, 0, 999, withscores=True)
             pipe.zscore(e.tenant_tags, K.FLOOR_MEMBER)
             pipe.hgetall(e.tenant_weights)
 
-        entries, floor_raw, weights = await self.pipeline(build)
-        floor = float(floor_raw) if floor_raw is not None else 0.0
-        w = {text_of(k): float(v) for k, v in weights.items()}
-        return [
-            TenantTag(K.decode_tenant(text_of(m)), max(floor, float(sc)), w.get(text_of(m), 1.0))
-            for m, sc in entries
-            if text_of(m) != K.FLOOR_MEMBER
-        ]
+        rows = await self.per_partition(env, build)
+        out = []
+        for i in range(0, len(rows), 3):
+            entries, floor_raw, weights = rows[i : i + 3]
+            floor = float(floor_raw) if floor_raw is not None else 0.0
+            w = {text_of(k): float(v) for k, v in weights.items()}
+            out += [
+                TenantTag(
+                    K.decode_tenant(text_of(m)), max(floor, float(sc)), w.get(text_of(m), 1.0)
+                )
+                for m, sc in entries
+                if text_of(m) != K.FLOOR_MEMBER
+            ]
+        return sorted(out, key=lambda t: t.virtual_tag)[:1000]
 
     async def tenant_floor(self, env: Environment) -> float | None:
-        """The environment's tenant virtual time (None before any fair serve)."""
-        raw = await self.read(self.client.zscore(self.keys.env(env).tenant_tags, K.FLOOR_MEMBER))
-        return None if raw is None else float(raw)
+        """The environment's tenant virtual time (None before any fair serve; the
+        highest of its partitions')."""
+        rows = await self.per_partition(
+            env, lambda pipe, e: pipe.zscore(e.tenant_tags, K.FLOOR_MEMBER)
+        )
+        floors = [float(raw) for raw in rows if raw is not None]
+        return max(floors) if floors else None
 
     # ------------------------------------------------------------------ dead letters, runs
 
     async def dead_letters(self, env: Environment, *, limit: int = 100) -> list[DeadLetter]:
         """The environment's dead-lettered runs, oldest first (with their last error)."""
         validate.integer("limit", limit, 1, 10_000)
-        e = self.keys.env(env)
-        members: Any = await self.read(self.client.zrange(e.dlq, 0, limit - 1, withscores=True))
+        rows = await self.per_partition(
+            env, lambda pipe, e: pipe.zrange(e.dlq, 0, limit - 1, withscores=True)
+        )
+        # (score, run id, partition), oldest first across the partitions
+        members = sorted(
+            (float(score), text_of(m), partition)
+            for partition, row in enumerate(rows)
+            for m, score in row
+        )[:limit]
         if not members:
             return []
-        run_ids = [text_of(m) for m, _ in members]
 
         def build(pipe: Any) -> None:
-            for run_id in run_ids:
-                pipe.hmget(e.message(run_id), run_hash.stored(_DEAD_LETTER_READ))
+            for _, run_id, partition in members:
+                message = self.keys.env(env, partition).message(run_id)
+                pipe.hmget(message, run_hash.stored(_DEAD_LETTER_READ))
 
         out: list[DeadLetter] = []
-        for (run_id, (_, score)), raw in zip(
-            zip(run_ids, members, strict=True), await self.pipeline(build), strict=True
-        ):
+        for (score, run_id, _), raw in zip(members, await self.pipeline(build), strict=True):
             h = run_hash.by_name(_DEAD_LETTER_READ, raw)
             if h["queue"] is None:
                 continue
@@ -463,13 +533,22 @@ class ReaderOps(StoreCore):
         when fairq knows nothing of it (never enqueued, completed without a kept outcome,
         or its outcome's retention passed)."""
         K.validate_name("run id", run_id)
-        e = self.keys.env(env)
 
-        def build(pipe: Any) -> None:
+        def build(pipe: Any, e: EnvKeys) -> None:
             pipe.hmget(e.message(run_id), run_hash.stored(_RUN_READ))
             pipe.get(e.outcome(run_id))
 
-        raw, outcome_raw = await self.pipeline(build)
+        rows = await self.per_partition(env, build)
+        # the partition that knows the run (a run id lives in one partition at a time)
+        at = next(
+            (
+                i
+                for i in range(0, len(rows), 2)
+                if any(v is not None for v in rows[i]) or rows[i + 1]
+            ),
+            0,
+        )
+        raw, outcome_raw = rows[at], rows[at + 1]
         outcome = decode_outcome(run_id, outcome_raw) if outcome_raw else None
         h = run_hash.by_name(_RUN_READ, raw)
         if h["state"] is None:
@@ -503,9 +582,27 @@ class ReaderOps(StoreCore):
     ) -> list[RecentRun]:
         """The queue's most recently finished runs, newest first."""
         validate.integer("limit", limit, 1, 100_000)
-        q = self.keys.queue(env, queue)
-        raw = await self.read(self.client.lrange(q.recent, 0, limit - 1))
-        return [_recent_run(text_of(item)) for item in raw]
+        rows = await self.per_queue_partition(
+            env, queue, lambda pipe, q: pipe.lrange(q.recent, 0, limit - 1)
+        )
+        runs = [[_recent_run(text_of(item)) for item in raw] for raw in rows]
+        if len(runs) == 1:
+            return runs[0]
+        merged = heapq.merge(*runs, key=lambda r: r.finished_at_ms, reverse=True)
+        return list(merged)[:limit]
+
+    async def per_queue_partition(
+        self, env: Environment, queue: str, command: Callable[[Any, QueueKeys], None]
+    ) -> list[Any]:
+        """One command per partition of a queue (its keys given), in one round trip."""
+        served = (await self.placement(env)).served
+        qkeys = [self.keys.queue(env, queue, partition) for partition in range(served)]
+
+        def build(pipe: Any) -> None:
+            for q in qkeys:
+                command(pipe, q)
+
+        return await self.pipeline(build)
 
     async def history(
         self, env: Environment, queue: str, *, window_ms: int, now_ms: int | None = None
@@ -513,19 +610,23 @@ class ReaderOps(StoreCore):
         """The queue's 10-second history buckets over the last ``window_ms`` (at most one
         hour kept), oldest first, empty buckets included."""
         validate.integer("window_ms", window_ms, HISTORY_BUCKET_MS, 3_600_000)
-        q = self.keys.queue(env, queue)
         if now_ms is None:
             now_ms = await self.server_time_ms()
         last = now_ms // HISTORY_BUCKET_MS
         first = last - window_ms // HISTORY_BUCKET_MS + 1
+        buckets = range(first, last + 1)
 
-        def build(pipe: Any) -> None:
-            for bucket in range(first, last + 1):
+        def build(pipe: Any, q: QueueKeys) -> None:
+            for bucket in buckets:
                 pipe.hgetall(q.history(bucket))
 
+        rows = await self.per_queue_partition(env, queue, build)
         out = []
-        for bucket, fields in zip(range(first, last + 1), await self.pipeline(build), strict=True):
-            f = {text_of(k): int(float(v)) for k, v in fields.items()}
+        for i, bucket in enumerate(buckets):
+            f: dict[str, int] = {}
+            for fields in rows[i :: len(buckets)]:  # the bucket in every partition
+                for k, v in fields.items():
+                    f[text_of(k)] = f.get(text_of(k), 0) + int(float(v))
             by_tenant: dict[str | None, int] = {}
             for name, n in f.items():
                 if name == HISTORY_OVERFLOW_FIELD:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 from fairq import keys as K
@@ -58,8 +59,10 @@ class RunOps(StoreCore):
                     f"only_if must be one of {', '.join(s.name for s in _ONLY_IF)}, not {only_if!r}"
                 )
             args.append(state)
-        reply = await self.call_for_env("cancel", env, args, now_ms)
-        return _CANCEL[self.decode("cancel", reply)]
+        statuses = await self.on_every_partition("cancel", env, args, now_ms)
+        # the run lives in one partition: the others do not know it
+        known = [s for s in statuses if s is not Status.UNKNOWN_RUN]
+        return _CANCEL[known[0] if known else Status.UNKNOWN_RUN]
 
     async def redrive(self, env: Environment, run_id: str, *, now_ms: int | None = None) -> None:
         """Move a dead-lettered run back to its queue with attempt 0, ready now.
@@ -68,6 +71,17 @@ class RunOps(StoreCore):
             RunNotFoundError: the run is not in the environment's dead-letter queue.
         """
         K.validate_name("run id", run_id)
-        reply = await self.call_for_env("redrive", env, [env.id, run_id], now_ms)
-        if self.decode("redrive", reply) is not Status.REDRIVEN:
+        statuses = await self.on_every_partition("redrive", env, [env.id, run_id], now_ms)
+        if Status.REDRIVEN not in statuses:
             raise RunNotFoundError(run_id, f"the dead-letter queue of {env}")
+
+    async def on_every_partition(
+        self, operation: str, env: Environment, args: list[str], now_ms: int | None
+    ) -> list[Status]:
+        """Run a script on each partition of the environment at once (for an operation on
+        a run known by its id alone): each partition's status, partition 0 first."""
+        served = (await self.placement(env)).served
+        replies = await asyncio.gather(
+            *(self.call_for_env(operation, env, args, now_ms, p) for p in range(served))
+        )
+        return [self.decode(operation, reply) for reply in replies]

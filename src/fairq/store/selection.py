@@ -22,11 +22,13 @@ from fairq.keys import Environment
 
 @dataclass(frozen=True, slots=True)
 class EnvPlan:
-    """One environment to try, and its ready queues (oldest head first)."""
+    """One environment to try (one partition of it), and its ready queues (oldest head
+    first)."""
 
     env: Environment
     queues: list[str]
     oldest_ms: float
+    partition: int = 0
 
 
 class SelectionStrategy:
