@@ -15,13 +15,15 @@ tenants (``B:tq``).
 Ranking (the fair order): every partition keeps its tenants' tags on the same scale
 (``quantum / weight`` per run started), so the partition whose next start tag is lowest
 holds the tenant global start-time fair queueing would serve next. A partition's next
-start tag is its lowest servable tenant's tag, never below the *floor hint*: the highest
-tenant virtual time of the environment's partitions (the start tag of the run most
-recently begun anywhere), so a tenant that (re)joins a partition whose virtual time
-lags is treated as joining at the environment's. The hint is also written back
-(``ZADD XX GT`` of each lagging partition's floor, in the next read's pipeline), so the
-script of a lagging partition ranks its own tenants from it. In the age order: the
-partition with the oldest ready head goes first. The deviation this leaves from one
+start tag is its lowest servable tenant's tag, never below the *floor hint*: the
+environment's virtual time, the lowest next start tag of any partition with servable
+tenants (every backlogged tenant is at or above it; the highest the process has seen,
+so a tenant that joined a lagging partition at its stale floor cannot pull it down).
+A tenant that (re)joins a partition whose own floor lags is so treated as joining at the
+environment's virtual time, and the hint is written back (``ZADD XX GT`` of the
+partition floors, in the next read's pipeline) so that the lagging partition's scripts
+place newcomers from it. In the age order: the partition with the oldest ready head
+goes first. The deviation this leaves from one
 global order is bounded (docs/cluster.md): it grows with the batch size and the number
 of consumers, not with ``S``.
 
@@ -78,7 +80,17 @@ class SpreadView:
 
     @property
     def floor_hint(self) -> float | None:
-        """The environment's tenant virtual time: the highest of its partitions'."""
+        """The environment's tenant virtual time as this view shows it: the lowest next
+        start tag of a partition with servable tenants (what one global order would
+        serve next: every backlogged tenant's tag is at least that), else, with none,
+        the highest partition floor (the start tag of the run most recently begun)."""
+        backlogged = [
+            max(s.lowest_tag, s.floor if s.floor is not None else s.lowest_tag)
+            for s in self.states
+            if s.lowest_tag is not None
+        ]
+        if backlogged:
+            return min(backlogged)
         floors = [s.floor for s in self.states if s.floor is not None]
         return max(floors) if floors else None
 
@@ -110,10 +122,12 @@ def next_start_tag(state: PartitionState, hint: float | None) -> float:
     return max([tag, *floors])
 
 
-def rank_partitions(view: SpreadView) -> list[int]:
-    """The partitions with ready work, the one to serve first first."""
+def rank_partitions(view: SpreadView, hint: float | None = None) -> list[int]:
+    """The partitions with ready work, the one to serve first first (``hint``: the
+    environment's virtual time, when known better than the view shows it)."""
     ready = [s for s in view.states if s.oldest_ready is not None]
-    hint = view.floor_hint
+    if hint is None or (view.floor_hint is not None and view.floor_hint > hint):
+        hint = view.floor_hint
     if view.fair:
         ready.sort(key=lambda s: (next_start_tag(s, hint), s.oldest_ready, s.partition))
     else:
@@ -266,10 +280,10 @@ class SpreadOps(StoreCore):
         if not queues:
             return DequeueBatch([])
         view, prefetched = await self._view_for(env, queues, partitions, now_ms)
-        ranked = rank_partitions(view)
+        ranked = rank_partitions(view, self._floor_hints.get(env.id))
         if not ranked and prefetched:  # work may have arrived since it was read
             view = await self.spread_view(env, queues, partitions, now_ms)
-            ranked = rank_partitions(view)
+            ranked = rank_partitions(view, self._floor_hints.get(env.id))
         leased = Leased(max_count)
         for partition in ranked:
             leased.add(
