@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import itertools
 import json
@@ -62,6 +63,8 @@ FSYNC_ENV = "FAIRQ_FSYNC"
 #: Accepted ``appendfsync`` policies, and the shared server's default.
 FSYNC_POLICIES = ("always", "everysec", "no")
 DEFAULT_FSYNC = "everysec"
+#: How much each policy keeps of what the server acknowledged (more is stronger).
+FSYNC_STRENGTH = {"no": 0, "everysec": 1, "always": 2}
 #: Oldest accepted Redis major version (Valkey reports a compatible ``redis_version``).
 MIN_REDIS_MAJOR = 7
 #: Longest path a unix socket address holds on Linux (``sun_path`` is 108 bytes with its NUL).
@@ -722,18 +725,68 @@ def _checked_state_dir() -> Path | None:
     return directory
 
 
+def _fsync_in_force(socket_path: Path) -> str | None:
+    """The running shared server's ``appendfsync`` (None when it cannot be read)."""
+    client = _client(unix_socket_path=str(socket_path))
+    try:
+        policy = client.config_get("appendfsync").get("appendfsync")
+    except RedisError:
+        return None
+    finally:
+        client.close()
+    return str(policy) if policy in FSYNC_STRENGTH else None
+
+
+def _raise_fsync(directory: Path, socket_path: Path, requested: str) -> None:
+    """Make the running shared server's fsync policy at least ``requested`` (``CONFIG
+    SET appendfsync``) and record it, so that a restart keeps it; a weaker request
+    leaves the server as it is (other processes may count on its policy). The caller
+    holds ``server.lock``.
+
+    Raises:
+        EmbeddedServerError: the policy is weaker than asked and cannot be raised.
+    """
+    current = _fsync_in_force(socket_path)
+    if current is not None and FSYNC_STRENGTH[current] >= FSYNC_STRENGTH[requested]:
+        return
+    client = _client(unix_socket_path=str(socket_path))
+    try:
+        client.config_set("appendfsync", requested)
+    except RedisError as exc:
+        raise EmbeddedServerError(
+            f"{FSYNC_ENV}={requested} asks for more than the running shared server's "
+            f"appendfsync {current or '(unknown)'}, which cannot be raised ({exc}): stop it "
+            f"(fairq server stop) and start it again with {FSYNC_ENV}={requested}"
+        ) from None
+    finally:
+        client.close()
+    log.warning("fairq: raised the shared server's appendfsync from %s to %s (%s)",
+                current, requested, FSYNC_ENV)  # fmt: skip
+    loaded = _load_state(warn=False)
+    if loaded.state is not None:
+        _write_state(directory, dataclasses.replace(loaded.state, fsync=requested))
+
+
 def _ensure_shared(start: bool) -> str:
     requested_fsync = fsync_policy_from_env()
     socket_path = shared_socket_path()
     if start:
         directory = state_dir()
         _make_private(directory)
-    elif _checked_state_dir() is None:
-        raise EmbeddedServerError(
-            "the shared fairq server is not running (start it: fairq server start)"
-        )
+    else:
+        checked = _checked_state_dir()
+        if checked is None:
+            raise EmbeddedServerError(
+                "the shared fairq server is not running (start it: fairq server start)"
+            )
+        directory = checked
     loaded = _load_state()
     if _trusted(loaded.state):
+        if requested_fsync is not None:
+            in_force = _fsync_in_force(socket_path)
+            if in_force is None or FSYNC_STRENGTH[in_force] < FSYNC_STRENGTH[requested_fsync]:
+                with _flock(directory / "server.lock"):
+                    _raise_fsync(directory, socket_path, requested_fsync)
         return unix_url(socket_path)
     if not start:
         raise EmbeddedServerError(
@@ -745,6 +798,8 @@ def _ensure_shared(start: bool) -> str:
         if probe is not None:
             if loaded.state is None or probe.run_id != loaded.state.run_id:
                 _adopt(probe, socket_path)
+            if requested_fsync is not None:
+                _raise_fsync(directory, socket_path, requested_fsync)
             return unix_url(socket_path)
         recorded = loaded.state.fsync if loaded.state else None
         _start_shared(directory, socket_path, requested_fsync or recorded or DEFAULT_FSYNC)
@@ -757,13 +812,17 @@ def shared_server_url(start: bool = True) -> str:
 
     Several processes may call this at once: they take turns on a file lock and exactly
     one server results. The server keeps an append-only file, fsynced as ``FAIRQ_FSYNC``
-    says (``always``, ``everysec`` — the default — or ``no``).
+    says (``always``, ``everysec`` — the default — or ``no``). A server already running
+    with a weaker policy than ``FAIRQ_FSYNC`` asks for gets it raised (``CONFIG SET
+    appendfsync``, recorded for its restarts); a weaker request leaves it as it is.
 
     Raises:
         EmbeddedServerError: it is not running and ``start`` is false, or it cannot start
             (the socket path is too long, the state directory is not yours, something
             else answers on its socket...).
         ConfigurationError: ``FAIRQ_FSYNC`` holds an unknown policy.
+        EmbeddedServerError: the running server's policy is weaker than ``FAIRQ_FSYNC``
+            and cannot be raised.
     """
     return _ensure_shared(start)
 
@@ -832,6 +891,8 @@ class SharedServerReport:
     state: SharedServerState | None  # the validated state file, if any
     problem: str | None  # why the state file present cannot be used
     unrecorded_pid: int | None  # a server answers on the socket but is not the recorded one
+    #: The appendfsync policy the running server has now (None when it is not running).
+    fsync: str | None = None
 
 
 def shared_server_report() -> SharedServerReport:
@@ -850,8 +911,9 @@ def shared_server_report() -> SharedServerReport:
     running = probe is not None and loaded.state is not None and probe.run_id == loaded.state.run_id
     unrecorded = probe.process_id if probe is not None and not running else None
     return SharedServerReport(
-        running, str(socket_path), str(shared_data_dir()), loaded.state, loaded.problem, unrecorded
-    )
+        running, str(socket_path), str(shared_data_dir()), loaded.state, loaded.problem,
+        unrecorded, _fsync_in_force(socket_path) if running else None,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
+from click.testing import CliRunner
 
 from fairq import server as fq_server
+from fairq.cli import main
 from fairq.errors import ConfigurationError, FairqError
 from fairq.server import heal_shared_server, heal_shared_server_async
 
@@ -266,3 +268,48 @@ def test_a_bad_fairq_fsync_is_a_configuration_error_that_changes_nothing(
     with pytest.raises(ConfigurationError, match="FAIRQ_FSYNC"):
         heal_shared_server(f"unix://{state}/valkey.sock")
     assert not state.exists()
+
+
+def test_a_stronger_fairq_fsync_raises_the_running_servers_policy(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared server runs with everysec; a process asking FAIRQ_FSYNC=always gets
+    the running server raised to always (so every write it acknowledges is durable),
+    recorded for the server's restarts and shown by `fairq server status`; a process
+    asking for less leaves it at always."""
+    monkeypatch.delenv("FAIRQ_FSYNC", raising=False)
+    url = fq_server.shared_server_url()
+    assert _fsync_of(url) == "everysec"
+    monkeypatch.setenv("FAIRQ_FSYNC", "always")
+    assert fq_server.shared_server_url() == url
+    assert _fsync_of(url) == "always"
+    status = fq_server.shared_server_status()
+    assert status is not None and status["fsync"] == "always"
+    shown = CliRunner().invoke(main, ["server", "status"])
+    assert shown.exit_code == 0 and "always (appendfsync in force)" in shown.output, shown.output
+    monkeypatch.setenv("FAIRQ_FSYNC", "no")
+    fq_server.shared_server_url()
+    assert _fsync_of(url) == "always"
+    # the record keeps it: killed, then healed without FAIRQ_FSYNC, it comes back always
+    monkeypatch.delenv("FAIRQ_FSYNC")
+    _kill_hard(state)
+    assert heal_shared_server(url) == url
+    assert _fsync_of(url) == "always"
+
+
+def test_status_shows_the_policy_in_force_even_when_set_behind_fairqs_back(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FAIRQ_FSYNC", raising=False)
+    url = fq_server.shared_server_url()
+    client = redis.Redis.from_url(url)
+    try:
+        client.config_set("appendfsync", "no")
+    finally:
+        client.close()
+    report = fq_server.shared_server_report()
+    assert report.state is not None and report.state.fsync == "everysec"
+    assert report.fsync == "no"
+    monkeypatch.setenv("FAIRQ_FSYNC", "everysec")
+    fq_server.shared_server_url()
+    assert _fsync_of(url) == "everysec"

@@ -79,7 +79,8 @@ def command(ctx: click.Context, masters: int, port: int, data_dir: Path | None) 
 
     The shared server listens on a unix socket in the state directory (FAIRQ_STATE_DIR,
     default $XDG_STATE_HOME/fairq) that only you can reach; FAIRQ_FSYNC=always|everysec|no
-    sets how often its append-only file is fsynced (default everysec).
+    sets how often its append-only file is fsynced (default everysec); a running server
+    with a weaker policy gets it raised.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -132,6 +133,7 @@ def status(as_json: bool) -> None:
                 {
                     "running": report.running,
                     **state,
+                    "fsync": report.fsync or state.get("fsync"),
                     "socket": report.socket,
                     "data_dir": report.data_dir,
                     "state_file_problem": report.problem,
@@ -153,7 +155,7 @@ def _describe(report: SharedServerReport) -> str:
             ("socket", state.socket),
             ("pid", str(state.pid)),
             ("run_id", state.run_id),
-            ("fsync", state.fsync),
+            ("fsync", f"{report.fsync or state.fsync} (appendfsync in force)"),
             ("data dir", report.data_dir),
             ("started", state.started_at),
         ]
