@@ -14,7 +14,9 @@ dead-letters them.
   dead-letters it. :class:`fairq.PermanentError` fails it at once.
 * Timeouts: an async task is cancelled at its deadline; a plain function's thread
   cannot be interrupted, so its run is failed as timed out at the deadline and the
-  thread is abandoned (it keeps its pool thread until it returns).
+  thread is abandoned (:mod:`fairq.task_threads`: the pool keeps a thread for each run
+  beside the abandoned ones, a deadline counts from the function's start, and a retry of
+  the run waits here until the abandoned thread has returned).
 * Cancellation of a running run (``handle.cancel()``): the worker hears it on the wake
   channel (and from the next heartbeat), cancels an async task (it sees
   ``asyncio.CancelledError``) or sets ``current_run().cancelled`` for a plain one, and
@@ -37,14 +39,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import json
 import logging
 import signal
 import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -61,6 +61,7 @@ from fairq.run_context import RunContext, _current, current_run
 from fairq.schedules import Scheduler
 from fairq.store import RunQueue, validate
 from fairq.store._core import wall_clock_ms
+from fairq.task_threads import TaskThreads
 from fairq.tasks import Task
 
 log = logging.getLogger("fairq.worker")
@@ -96,6 +97,8 @@ class _InFlight:
     context: RunContext
     started: float = field(default_factory=time.monotonic)
     cancel_at: float | None = None
+    #: Waiting for an abandoned thread of an earlier attempt before its function starts.
+    waiting: bool = False
 
 
 def _valid_unicode(text: str) -> str:
@@ -133,7 +136,9 @@ class Worker:
         max_count: most runs leased per dequeue (default: ``concurrency``).
         queues: only these task queues (default: every task of the app).
         grace_period: seconds in-flight runs get to finish after a stop request.
-        cancel_grace: seconds a cancelled run gets to stop before it is finished anyway.
+        cancel_grace: seconds a cancelled run gets to stop before it is finished anyway
+            (and, for a plain function without a timeout, how long a new attempt waits
+            for the abandoned thread of an earlier one before it goes back to the queue).
         max_runs: stop after this many runs ended (None: run until stopped).
         burst: stop once the queues have nothing ready and nothing is in flight.
         idle_timeout: longest sleep without a wake-up hint (seconds).
@@ -223,7 +228,7 @@ class Worker:
         self._finished: list[Finish] = []
         self._ack_wake = asyncio.Event()
         self._acks_closed = False
-        self._executor: ThreadPoolExecutor | None = None
+        self._threads: TaskThreads | None = None
         self._rq: RunQueue | None = None
         self._consumer: Consumer | None = None
         self._ended = 0
@@ -276,7 +281,7 @@ class Worker:
         run.context._mark_cancelled()
         run.cancel_at = time.monotonic() + self.cancel_grace
         log.info("run %s: cancellation requested", run.delivery.run_id)
-        if self.app.tasks[run.delivery.queue].is_async:
+        if self.app.tasks[run.delivery.queue].is_async or run.waiting:
             task.cancel(msg="fairq: run cancelled")
         # a plain function sees current_run().cancelled; past cancel_grace it is abandoned
 
@@ -307,9 +312,7 @@ class Worker:
         """Run until stopped (or ``max_runs`` / ``burst``); returns the stats."""
         loop = asyncio.get_running_loop()
         self._rq = rq = await self.app.queue()
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.concurrency, thread_name_prefix="fairq-task"
-        )
+        self._threads = TaskThreads(self.concurrency, self._slot_free.set)
         self._consumer = Consumer(
             rq, env=self.app.env, queues=self.queues, idle_timeout=self.idle_timeout,
             maintenance_interval=self.maintenance_interval, linger=self.linger,
@@ -349,7 +352,7 @@ class Worker:
             with contextlib.suppress(FairqError):
                 await self._flush_acks()
             await self._consumer.close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._threads.shutdown()
             for sig in installed:
                 loop.remove_signal_handler(sig)
         return self.stats
@@ -371,10 +374,10 @@ class Worker:
         guard = self._guard("fetch")
         idle_polls = 0
         while not self.stopping:
-            free = self.concurrency - len(self._inflight)
+            free = self._free_slots()
             if free <= 0:
                 self._slot_free.clear()
-                if self.concurrency - len(self._inflight) <= 0:
+                if self._free_slots() <= 0:
                     await self._slot_free.wait()
                 continue
             timeout = 0.2 if self.burst else None
@@ -390,6 +393,12 @@ class Worker:
                 idle_polls = 0 if (batch or self._inflight) else idle_polls + 1
                 if idle_polls >= 2:
                     self.stop()
+
+    def _free_slots(self) -> int:
+        """Runs this worker may lease now: its concurrency, less the runs in flight and
+        the abandoned threads beyond the pool's spare ones."""
+        assert self._threads is not None
+        return self.concurrency - len(self._inflight) - self._threads.excess
 
     def _start(self, delivery: Delivery) -> None:
         self.stats.started += 1
@@ -464,26 +473,67 @@ class Worker:
     async def _call(
         self,
         task: Task[Any, Any],
-        payload: Any,
+        delivery: Delivery,
         timeout: float | None,  # noqa: ASYNC109 - the run's deadline
     ) -> Any:
         """Run the task function in the run's task (whose context has current_run() set);
-        a plain function in the executor, with that context."""
+        a plain function in a pool thread, with that context."""
+        payload = delivery.payload
         if task.is_async:
             if timeout is None:
                 return await task.fn(payload)
             async with asyncio.timeout(timeout):
                 return await task.fn(payload)
-        loop = asyncio.get_running_loop()
-        ctx = contextvars.copy_context()
-        future = loop.run_in_executor(self._executor, functools.partial(ctx.run, task.fn, payload))
+        assert self._threads is not None
         # the thread cannot be interrupted: at the deadline (or a cancel) the run ends
         # here and the thread is abandoned until the function returns
-        return await asyncio.wait_for(asyncio.shield(future), timeout)
+        return await self._threads.call(delivery.run_id, task.fn, payload, timeout)
 
     async def _execute(self, delivery: Delivery, context: RunContext) -> None:
+        strays = self._threads is not None and self._threads.has_strays(delivery.run_id)
+        if strays and not await self._after_strays(delivery, context):
+            return
         with telemetry.run_span(delivery) as span:
             await self._attempt(delivery, context, span)
+
+    async def _after_strays(self, delivery: Delivery, context: RunContext) -> bool:
+        """A new attempt of a run whose abandoned thread still runs here: wait for the
+        thread (the run keeps its slot and lease meanwhile), at most the run's timeout
+        (else cancel_grace); whether the attempt may start. Past that, the run goes back
+        to its queue (its attempt not counted), for another worker or a later try."""
+        assert self._threads is not None and self._rq is not None
+        task = asyncio.current_task()
+        run = self._inflight.get(task) if task is not None else None
+        bound = self._timeout_s(self.app.tasks[delivery.queue], delivery) or self.cancel_grace
+        log.info("run %s: waiting for the thread of its abandoned attempt", delivery.run_id)
+        if run is not None:
+            run.waiting = True
+        try:
+            if await self._threads.wait_for_strays(delivery.run_id, bound):
+                return True
+        except asyncio.CancelledError:
+            if context.cancelled and not self._forced:
+                self.stats.cancelled += 1
+                self._finish(delivery, RunStatus.CANCELLED, wall_clock_ms(),
+                             error="cancelled before it started")  # fmt: skip
+                return False
+            raise  # shutdown: _drain gives the run back
+        finally:
+            if run is not None:
+                run.waiting = False
+        log.warning(
+            "run %s: its abandoned attempt's thread still runs after %gs; given back",
+            delivery.run_id, bound,
+        )  # fmt: skip
+        with contextlib.suppress(FairqError):
+            outcome = await self._rq.nack(
+                delivery, increment_attempt=False, retry_delay_ms=round(bound * 1000)
+            )
+            if outcome is NackOutcome.CANCELLED:
+                self.stats.cancelled += 1
+            else:
+                self.stats.returned += 1
+        return False
 
     async def _attempt(
         self, delivery: Delivery, context: RunContext, span: telemetry.RunSpan
@@ -492,8 +542,7 @@ class Worker:
         started = wall_clock_ms()
         timeout = self._timeout_s(task, delivery)
         try:
-            payload = delivery.payload
-            result = await self._call(task, payload, timeout)
+            result = await self._call(task, delivery, timeout)
         except asyncio.CancelledError:
             if delivery.lease_member in self._abandoned:
                 return

@@ -154,3 +154,113 @@ async def test_a_tasks_own_timeout_error_is_an_ordinary_failure(app: Fairq) -> N
     assert error.status is RunStatus.DEAD_LETTERED
     assert "the upstream API timed out" in str(error)
     assert worker.stats.timed_out == 0
+
+
+class Threads:
+    """What the plain functions of a test did: each attempt's start and end (monotonic
+    seconds), and the most of them running at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.spans: dict[tuple[str, int], list[float]] = {}
+        self.running = 0
+        self.most = 0
+
+    def begin(self, key: tuple[str, int]) -> None:
+        with self.lock:
+            self.spans[key] = [time.monotonic()]
+            self.running += 1
+            self.most = max(self.most, self.running)
+
+    def end(self, key: tuple[str, int]) -> None:
+        with self.lock:
+            self.spans[key].append(time.monotonic())
+            self.running -= 1
+
+
+async def test_a_retry_waits_for_the_abandoned_thread_of_its_earlier_attempt(app: Fairq) -> None:
+    """Attempt 1 overruns its 0.3 s timeout by far; its retry is leased at once (no
+    backoff) by the same worker, and starts only once the abandoned thread returned:
+    two attempts of one run never run at once."""
+    seen = Threads()
+
+    @app.task(queue="convert", timeout=0.3, retry=FAST_RETRY)
+    def convert(payload: None) -> str:
+        run = current_run()
+        assert run is not None
+        key = (run.run_id, run.attempt)
+        seen.begin(key)
+        try:
+            if run.attempt == 0:
+                time.sleep(1.5)
+            return "ok"
+        finally:
+            seen.end(key)
+
+    async with quick_worker(app, concurrency=2) as worker:
+        handle = await convert.trigger()
+        assert await handle.wait(timeout=20) == "ok"
+    first, second = seen.spans[(handle.run_id, 0)], seen.spans[(handle.run_id, 1)]
+    assert len(first) == 2, "the retry ended while the first attempt's thread still ran"
+    assert second[0] >= first[1] > first[0] + 1.0
+    assert seen.most == 1
+    assert worker.stats.timed_out == 1 and worker.stats.completed == 1
+
+
+async def test_abandoned_threads_never_make_a_run_time_out_without_starting(app: Fairq) -> None:
+    """Concurrency 2: two functions hang 2 s past a 0.2 s timeout, four more follow. The
+    pool keeps a thread for each run beside the abandoned ones, and a deadline counts
+    from the function's start, so all six start and the four quick ones complete."""
+    seen = Threads()
+
+    @app.task(queue="thumb", timeout=0.2, retry=NO_RETRY)
+    def thumb(payload: int) -> int:
+        run = current_run()
+        assert run is not None
+        seen.begin((run.run_id, run.attempt))
+        try:
+            if payload < 2:
+                time.sleep(2.0)
+            return payload
+        finally:
+            seen.end((run.run_id, run.attempt))
+
+    async with quick_worker(app, concurrency=2) as worker:
+        slow = [await thumb.trigger(i) for i in range(2)]
+        for h in slow:  # both timed out: their threads are abandoned, still sleeping
+            assert (await ended(h)).status is RunStatus.TIMED_OUT
+        quick = [await thumb.trigger(i) for i in range(2, 6)]
+        assert [await h.wait(timeout=10) for h in quick] == [2, 3, 4, 5]
+    assert len(seen.spans) == 6  # every run started its function
+    assert worker.stats.timed_out == 2 and worker.stats.completed == 4
+    assert seen.most <= 4  # two runs in flight beside two abandoned threads
+
+
+async def test_past_one_abandoned_thread_per_slot_the_worker_takes_fewer_runs(app: Fairq) -> None:
+    """Concurrency 1: the pool has room for one abandoned thread. With two of them
+    running the worker takes no run until one returns, so at most two threads run and
+    the third run still starts (and completes) instead of timing out in the queue."""
+    seen = Threads()
+
+    @app.task(queue="scan", timeout=0.2, retry=NO_RETRY)
+    def scan(payload: int) -> int:
+        run = current_run()
+        assert run is not None
+        seen.begin((run.run_id, run.attempt))
+        try:
+            if payload < 2:
+                time.sleep(1.5)
+            return payload
+        finally:
+            seen.end((run.run_id, run.attempt))
+
+    async with quick_worker(app, concurrency=1) as worker:
+        handles = [await scan.trigger(i) for i in range(3)]
+        for h in handles[:2]:
+            assert (await ended(h)).status is RunStatus.TIMED_OUT
+        assert await handles[2].wait(timeout=10) == 2
+    starts = sorted(span[0] for span in seen.spans.values())
+    first_end = min(span[1] for span in seen.spans.values() if len(span) == 2)
+    assert len(starts) == 3 and starts[2] >= first_end  # the third waited for a thread
+    assert seen.most == 2
+    assert worker.stats.timed_out == 2 and worker.stats.completed == 1
