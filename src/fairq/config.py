@@ -22,6 +22,8 @@ MAX_WEIGHT = 1000.0
 MAX_LIMIT = 1_000_000_000
 #: Largest batch one dequeue call may ask for (the scripts serve this many in one call).
 MAX_DEQUEUE_COUNT = 1000
+#: Most attempts a retry policy (or a nack) allows a run.
+MAX_ATTEMPTS = 1000
 
 
 def _check(cond: bool, message: str) -> None:
@@ -66,8 +68,8 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         _check(
-            _is_int(self.max_attempts) and 1 <= self.max_attempts <= 1000,
-            f"max_attempts must be an integer in 1..1000, got {short(self.max_attempts)}",
+            _is_int(self.max_attempts) and 1 <= self.max_attempts <= MAX_ATTEMPTS,
+            f"max_attempts must be an integer in 1..{MAX_ATTEMPTS}, got {short(self.max_attempts)}",
         )
         _check(
             _is_number(self.factor) and 1.0 <= self.factor <= 100.0,

@@ -634,6 +634,7 @@ def lua_schema(*, fair: bool = True) -> str:
             _lua_table("QUEUE_KEYS", QUEUE_KEYS, fair),
             _lua_table("VARIANT_KEYS", VARIANT_KEYS, fair),
             *([_lua_table("TENANT_KEYS", TENANT_KEYS, fair)] if fair else []),
+            *([f"local FLOOR_MEMBER = '{FLOOR_MEMBER}'"] if fair else []),
             f"local KEYLESS_FLOW = '{KEYLESS_FLOW}'",
             *_LUA_FLOWS,
             f"local KIND_QUEUE, KIND_CK = '{KIND_QUEUE}', '{KIND_CK}'",

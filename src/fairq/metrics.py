@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from fairq.keys import Environment
 from fairq.models import Delivery
 from fairq.store import RunQueue, wall_clock_ms
-from fairq.store.readers import HISTORY_BUCKET_MS
+from fairq.store.history import HISTORY_BUCKET_MS
 
 #: fairq's metric registry (never prometheus-client's global one).
 REGISTRY: Final = CollectorRegistry(auto_describe=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from fairq import keys as K
 
@@ -57,6 +57,12 @@ STATE_STATUS = {
     "running": RunStatus.RUNNING,
     "dlq": RunStatus.DEAD_LETTERED,
 }
+
+#: How a worker can end a run it was leased (what ``finish`` records in the history).
+FINISH_STATUSES: Final = tuple(
+    s.value
+    for s in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT)
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from tests.state import run_state
 from fairq.keys import Environment
 from fairq.models import AckStatus, Delivery, HeartbeatStatus, NackOutcome, ReleaseStatus
 from fairq.store import RunQueue
+from fairq.store.validate import MAX_PROGRESS_BYTES
 
 T0 = 1_700_000_000_000
 
@@ -170,3 +171,24 @@ async def test_heartbeat_cannot_revive_a_reclaimed_run(make_queue: Any, env: Env
     shard = rq.keys.shard(rq.keys.shard_of(env))
     assert await rq.client.zcard(shard.leases) == 0
     assert await run_state(rq, env, "r1") == "queued"
+
+
+async def test_a_long_non_ascii_progress_is_recorded_cut_to_the_scripts_bound(
+    make_queue: Any, env: Environment
+) -> None:
+    """Given a running run, when its heartbeat reports 1,000 characters of progress that
+    take two bytes each, then the heartbeat extends the lease and records the message
+    cut to the bound the script checks in bytes (it used to cut to 1,000 characters,
+    which the script refused as too long, failing the heartbeat)."""
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    message = "é" * 1_000
+    statuses = await rq.heartbeat([d], progress={"r1": (0.5, message)}, now_ms=T0 + 1)
+    assert statuses == [HeartbeatStatus.EXTENDED]
+    info = await rq.get_run(env, "r1")
+    assert info is not None and info.progress is not None
+    fraction, note = info.progress
+    assert fraction == 0.5 and message.startswith(note)
+    assert len(f"0.5000:{note}".encode()) <= MAX_PROGRESS_BYTES < len(message.encode())
+    assert len(note) == (MAX_PROGRESS_BYTES - len("0.5000:")) // 2

@@ -6,6 +6,10 @@ on what the loader builds, so that a hand-kept copy on either side fails a test:
   through a generated reader whose values are bound to locals named as the fields of
   :data:`fairq.store.run_hash.RUN_READS`, in its order, and every write names its fields
   through the generated ``RUN_FIELD``;
+* shared constants: no Lua file defines a constant the Python side defines too (by name,
+  or by value: a bound or word list the loader generates, or any word list of a Python
+  module), nor spells a generated bound as a number; the history counters the scripts
+  write are the ones the readers read;
 * option ranges: ``configure.lua`` accepts exactly the values the option table of
   :mod:`fairq.store.options` accepts (every option and override, at each bound and just
   beyond), because its rules are generated from that table. The configure.lua this
@@ -17,7 +21,9 @@ the check itself is shown to be able to fail.
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 import re
 from collections.abc import Callable
 from importlib import resources
@@ -25,9 +31,11 @@ from typing import Any
 
 import pytest
 
+import fairq
 from fairq.errors import InvalidLimitError
 from fairq.keys import Environment
 from fairq.store import RunQueue
+from fairq.store.history import HISTORY_COUNTERS
 from fairq.store.options import (
     ENV_OPTIONS,
     FLAG_WORDS,
@@ -35,8 +43,10 @@ from fairq.store.options import (
     QUEUE_OPTIONS,
     Option,
 )
+from fairq.store.readers import HistoryBucket
 from fairq.store.run_hash import READ_CALL_RE, RUN_FIELDS, RUN_READS, RUN_STATES
 from fairq.store.scripts import ScriptLoadError, ScriptRegistry, assemble, script_names
+from fairq.store.shared import ARG_RULES, HISTORY, LUA_CONSTANTS
 
 MakeQueue = Callable[..., Any]
 QUEUE = "jobs"
@@ -186,6 +196,129 @@ def test_a_library_gets_the_readers_its_code_calls_and_an_unknown_one_fails_to_l
     heartbeat = assemble("heartbeat", None).text
     assert "local function run_read_heartbeat(mkey)" in heartbeat
     assert "run_read_ack" not in heartbeat and "delivery_add" not in heartbeat
+
+
+# ------------------------------------------------------------------ shared constants
+
+_LITERAL = r"(-?[0-9][0-9.e+-]*|'[^']*'|\{[^{}]*\})"
+#: A Lua constant: ``local NAME = <number | 'string' | {literals}>`` at the top level.
+_LUA_CONSTANT_RE = re.compile(rf"^local ([A-Z][A-Z0-9_]*) = {_LITERAL}\s*$", re.MULTILINE)
+
+
+def lua_value(literal: str) -> object:
+    """A Lua literal as the Python value it stands for (a table of words: a frozenset)."""
+    if literal.startswith("'"):
+        return literal[1:-1]
+    if literal.startswith("{"):
+        items = [i.strip() for i in literal[1:-1].split(",") if i.strip()]
+        if all(i.startswith("'") for i in items):
+            return frozenset(i[1:-1] for i in items)
+        return None
+    return float(literal)
+
+
+def python_constants() -> dict[str, object]:
+    """Every public constant of fairq's modules (upper-case names bound to a number, a
+    string or a tuple of strings; a tuple as a frozenset), by name."""
+    out: dict[str, object] = {}
+    for info in pkgutil.walk_packages(fairq.__path__, "fairq."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name) or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float):
+                out[name] = float(value)
+            elif isinstance(value, str) or (
+                isinstance(value, tuple) and value and all(isinstance(v, str) for v in value)
+            ):
+                out[name] = frozenset(value) if isinstance(value, tuple) else value
+    return out
+
+
+def generated_values() -> set[object]:
+    """Every value the loader generates into the scripts from the Python side."""
+    values = [*LUA_CONSTANTS.values(), *ARG_RULES.values(), *HISTORY.values(), RUN_STATES]
+    return {
+        frozenset(v) if isinstance(v, tuple) else float(v) if isinstance(v, int) else v
+        for v in values
+    }
+
+
+def hand_kept_constants(files: dict[str, str], python: dict[str, object]) -> list[str]:
+    """Constants a Lua file defines that the Python side defines too, and generated bounds
+    a Lua file spells as numbers."""
+    generated = generated_values()
+    word_lists = {v for v in python.values() if isinstance(v, frozenset) and len(v) > 1}
+    big_bounds = {v for v in generated if isinstance(v, float) and v >= 100}
+    out = []
+    for path, text in files.items():
+        code = lua_code(text)
+        for name, literal in _LUA_CONSTANT_RE.findall(code):
+            value = lua_value(literal)
+            if name in python:
+                out.append(f"{path}: {name} is a Python constant too")
+            elif value in generated:
+                out.append(f"{path}: {name} = {literal} is generated from Python already")
+            elif value in word_lists:
+                out.append(f"{path}: {name} = {literal} is a Python word list too")
+        for number in _checked_numbers(code):
+            if float(number) in big_bounds:
+                out.append(f"{path}: {number} is a generated bound (use its name)")
+    return out
+
+
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?"
+
+
+def _checked_numbers(code: str) -> list[str]:
+    """The numbers a script checks an argument against: those passed to an argument check
+    (arg_int, arg_name ...) and those a length is compared with."""
+    out = []
+    for call in re.finditer(r"\barg_\w+\(", code):
+        out += [a for a in call_arguments(code, call.end() - 1) if re.fullmatch(_NUMBER, a)]
+    out += re.findall(rf"#[\w.\[\]]+\s*[<>]=?\s*({_NUMBER})(?![\w.])", code)
+    return out
+
+
+def test_no_constant_is_defined_on_both_sides_by_hand() -> None:
+    """The constants the scripts share with Python (bounds, word lists, the delivery
+    layout, the history's) come from the generated prelude, never from a Lua file."""
+    python = python_constants()
+    assert {"MAX_TIME_MS", "MAX_LIMIT", "HISTORY_BUCKET_MS", "FINISH_STATUSES"} <= set(python)
+    assert hand_kept_constants(lua_files(), python) == []
+
+
+def test_the_constant_check_fails_on_constants_kept_on_both_sides() -> None:
+    """The check can fail: fed the pairs it replaced (claim.lua's DELIVERY_FIELDS, ack.lua's
+    status words, runs.lua's history bucket, the prelude's UNLIMITED), an inline bound and a
+    Lua-only constant, it reports all but the last."""
+    broken = {
+        "include/claim.lua": "local DELIVERY_FIELDS = 12\n",
+        "ack.lua": "local STATUS_WORDS = {'completed', 'failed', 'cancelled', 'timed_out'}\n",
+        "include/runs.lua": "local BUCKET_MS = 10000\nif #progress > 1100 then end\n",
+        "include/prelude.lua": "local UNLIMITED = 1000000000\nlocal UNPACK_CHUNK = 4000\n",
+        "heartbeat.lua": "local lease_ms = arg_int(ARGV[FIRST_ARG], 'lease_ms', 1, 86400000)\n",
+    }
+    found = hand_kept_constants(broken, python_constants())
+    assert found == [
+        "include/claim.lua: DELIVERY_FIELDS is a Python constant too",
+        "ack.lua: STATUS_WORDS = {'completed', 'failed', 'cancelled', 'timed_out'} is generated "
+        "from Python already",
+        "include/runs.lua: BUCKET_MS = 10000 is generated from Python already",
+        "include/runs.lua: 1100 is a generated bound (use its name)",
+        "include/prelude.lua: UNLIMITED = 1000000000 is generated from Python already",
+        "heartbeat.lua: 86400000 is a generated bound (use its name)",
+    ]
+
+
+def test_the_history_counters_the_scripts_write_are_the_ones_read() -> None:
+    """Every counter a script adds to a history bucket is a field of HistoryBucket."""
+    written = set()
+    for text in lua_files().values():
+        written |= set(re.findall(r"history_add\(X, Q, '(\w+)'", lua_code(text)))
+    assert {"served", "wait_ms", "retried", "expired", "run_ms"} <= written
+    assert written <= set(HISTORY_COUNTERS)
+    assert set(HISTORY_COUNTERS) <= set(HistoryBucket.__dataclass_fields__)
 
 
 # ------------------------------------------------------------------ option ranges

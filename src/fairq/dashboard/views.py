@@ -21,7 +21,7 @@ from fairq.keys import Environment
 from fairq.models import DeadLetter, EnvStats, QueueStats, VariantStats
 from fairq.outcomes import RunInfo
 from fairq.store import RecentRun, RunQueue, wall_clock_ms
-from fairq.store.readers import HISTORY_BUCKET_MS
+from fairq.store.history import HISTORY_BUCKET_MS
 
 #: Variant rows returned for a queue page.
 MAX_VARIANT_ROWS: Final = 200

@@ -337,10 +337,9 @@ class AdminOps(StoreCore):
             InvalidLimitError: a field out of its bounds (UTF-8 bytes: who 1..200, action
                 a word of 1..64, target 1..500, detail up to 2,000).
         """
-        for name, value, low, high in (
-            ("who", who, 1, 200), ("action", action, 1, 64), ("target", target, 1, 500),
-            ("detail", detail, 0, 2000),
-        ):  # fmt: skip
+        fields = {"who": who, "action": action, "target": target, "detail": detail}
+        for name, (low, high) in validate.AUDIT_FIELD_BYTES.items():
+            value = fields[name]
             size = len(validate.text(name, value, high).encode("utf-8"))
             if not low <= size <= high:
                 raise InvalidLimitError(name, value, f"must be {low}..{high} bytes")

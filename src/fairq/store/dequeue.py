@@ -8,11 +8,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fairq import keys as K
+from fairq.errors import InvalidLimitError
 from fairq.keys import Environment
 from fairq.models import Delivery, DequeueBatch
 from fairq.store import validate
 from fairq.store._core import text_of
-from fairq.store.run_hash import DELIVERY_FIELDS, DELIVERY_OFFSET
+from fairq.store.run_hash import DELIVERY_FIELDS, DELIVERY_OFFSET, KEEP_OUTCOME
 from fairq.store.selection import EnvPlan, SelectionStrategy
 from fairq.store.spread import Leased, SpreadOps
 
@@ -55,7 +56,7 @@ class DequeueOps(SpreadOps):
                     enqueued_at_ms=int(float(raw[i + _ENQUEUED_AT])),
                     tenant=K.decode_tenant(tenant) if tenant else None,
                     timeout_ms=int(raw[i + _TIMEOUT]) or None,
-                    keep_outcome=text_of(raw[i + _OUTCOME_POLICY]) == "keep",
+                    keep_outcome=text_of(raw[i + _OUTCOME_POLICY]) == KEEP_OUTCOME,
                     trace_context=text_of(raw[i + _TRACE]) or None,
                     partition=partition,
                 )
@@ -79,6 +80,10 @@ class DequeueOps(SpreadOps):
         only)."""
         for q in queues:
             K.validate_name("queue", q, allow_slash=True)
+        if len(queues) > validate.MAX_DEQUEUE_QUEUES:
+            raise InvalidLimitError(
+                "queues", len(queues), f"at most {validate.MAX_DEQUEUE_QUEUES} per dequeue"
+            )
         if not queues:
             return DequeueBatch([])
         lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)

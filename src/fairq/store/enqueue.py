@@ -13,6 +13,7 @@ from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult, EnqueueStatus
 from fairq.store import validate
 from fairq.store._core import StoreCore
+from fairq.store.run_hash import KEEP_OUTCOME
 from fairq.store.status import Status, decode
 
 #: Script calls one enqueue_many keeps in flight at once (bounds connections used).
@@ -84,7 +85,7 @@ def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
     trace = "" if r.trace_context is None else validate.trace_context(r.trace_context)
     return [
         r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(priority),
-        str(ttl), payload, "keep" if r.keep_outcome else "", str(timeout), trace,
+        str(ttl), payload, KEEP_OUTCOME if r.keep_outcome else "", str(timeout), trace,
     ]  # fmt: skip
 
 

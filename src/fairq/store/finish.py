@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Final
 
+from fairq.config import MAX_ATTEMPTS
 from fairq.errors import InvalidLimitError
 from fairq.keys import MAX_PARTITIONS, Environment
 from fairq.models import (
@@ -16,14 +17,11 @@ from fairq.models import (
     NackOutcome,
     ReleaseStatus,
 )
-from fairq.outcomes import MAX_TRACEBACK_CHARS
+from fairq.outcomes import FINISH_STATUSES, MAX_TRACEBACK_CHARS
 from fairq.store import validate
 from fairq.store._core import StoreCore
 from fairq.store.scripts import Order
 from fairq.store.status import Status
-
-#: The finish statuses the ack script records in a queue's history.
-FINISH_STATUSES: Final = ("completed", "failed", "cancelled", "timed_out")
 
 _ACK: Final = {
     Status.ACKED: AckStatus.ACKED,
@@ -54,7 +52,7 @@ _RELEASE: Final = {
 def _check_delivery(d: object) -> Delivery:
     if not isinstance(d, Delivery):
         raise InvalidLimitError("delivery", d, "must be a Delivery from a dequeue")
-    validate.integer("lease token", d.lease_token, 0, 10**15)
+    validate.integer("lease token", d.lease_token, 0, validate.MAX_LEASE_TOKEN)
     validate.integer("partition", d.partition, 0, MAX_PARTITIONS - 1)
     return d
 
@@ -149,7 +147,7 @@ class FinishOps(StoreCore):
             raise InvalidLimitError("increment_attempt", increment_attempt, "must be True or False")
         policy = self.config.retry
         limit = policy.max_attempts if max_attempts is None else max_attempts
-        validate.integer("max_attempts", limit, 1, 1000)
+        validate.integer("max_attempts", limit, 1, MAX_ATTEMPTS)
         attempt = d.attempt + (1 if increment_attempt else 0)
         if retry_at_ms is not None:
             at = str(validate.time_ms("retry_at_ms", retry_at_ms))

@@ -63,7 +63,7 @@ class MaintenanceOps(StoreCore):
         self, operation: str, now_ms: int | None, batch: int, shards: Iterable[int] | None
     ) -> int:
         """Run a shard-wide maintenance script on each shard; the runs it handled."""
-        validate.integer("batch", batch, 1, 10_000)
+        validate.integer("batch", batch, 1, validate.MAX_MAINTENANCE_BATCH)
         if now_ms is not None:
             validate.time_ms("now_ms", now_ms)
         total = 0

@@ -20,10 +20,16 @@ from fairq.models import AuditEntry, DeadLetter, EnvStats, QueueStats, TenantTag
 from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus, decode_outcome
 from fairq.store import run_hash, validate
 from fairq.store._core import StoreCore, text_of
+from fairq.store.history import (
+    HISTORY_BUCKET_MS,
+    HISTORY_COUNTERS,
+    HISTORY_OVERFLOW_FIELD,
+    HISTORY_TENANT_PREFIX,
+    HISTORY_WINDOW_MS,
+    RECENT_FIELDS,
+)
 from fairq.store.options import QUEUE_OPTIONS
 
-#: Width of one history bucket (ms), as the scripts write them.
-HISTORY_BUCKET_MS: Final = 10_000
 #: Variant rows a queue breakdown returns at most.
 MAX_VARIANTS: Final = 500
 
@@ -33,9 +39,6 @@ ENV_DEFAULTS: Final = (
     "max_queue_size", "order", "max_per_key", "charge", "quantum", "window", "join",
     "arrival_cap",
 )  # fmt: skip
-
-#: The history field that counts the tenants a full bucket has no field for.
-HISTORY_OVERFLOW_FIELD: Final = "t:~"
 
 #: What the readers read of a run hash (fairq.store.run_hash field names).
 _OWNER_READ: Final = ("queue", "ck")
@@ -97,16 +100,18 @@ def _key_tag(stored: Any, parked: Any, floor: float | None) -> float | None:
 
 
 def _recent_run(item: str) -> RecentRun:
-    """One entry of a queue's recent list: the line ack.lua writes (status, finished at,
-    attempts, run time or '', encoded key, encoded tenant, run id), or the JSON object
-    earlier fairq versions wrote (such entries age out of the bounded list)."""
+    """One entry of a queue's recent list: the line the scripts write (its fields are
+    RECENT_FIELDS), or the JSON object earlier fairq versions wrote (such entries age out
+    of the bounded list)."""
     if item.startswith("{"):
         data = json.loads(item)
         status, at, attempts = data["status"], data["at"], data.get("attempts") or 0
         duration, key = data.get("duration_ms"), data.get("key") or ""
         tenant, run = data.get("tenant") or "", str(data["run"])
     else:
-        status, at, attempts, duration, key, tenant, run = item.split(" ", 6)
+        line = dict(zip(RECENT_FIELDS, item.split(" ", len(RECENT_FIELDS) - 1), strict=True))
+        status, at, attempts = line["status"], line["finished_at"], line["attempts"]
+        duration, key, tenant, run = line["run_ms"], line["ck"], line["tenant"], line["run_id"]
     return RecentRun(
         run_id=run,
         status=RunStatus(status),
@@ -609,7 +614,7 @@ class ReaderOps(StoreCore):
     ) -> list[HistoryBucket]:
         """The queue's 10-second history buckets over the last ``window_ms`` (at most one
         hour kept), oldest first, empty buckets included."""
-        validate.integer("window_ms", window_ms, HISTORY_BUCKET_MS, 3_600_000)
+        validate.integer("window_ms", window_ms, HISTORY_BUCKET_MS, HISTORY_WINDOW_MS)
         if now_ms is None:
             now_ms = await self.server_time_ms()
         last = now_ms // HISTORY_BUCKET_MS
@@ -631,28 +636,24 @@ class ReaderOps(StoreCore):
             for name, n in f.items():
                 if name == HISTORY_OVERFLOW_FIELD:
                     continue
-                if name.startswith("t:"):
-                    tenant = name[2:]
+                if name.startswith(HISTORY_TENANT_PREFIX):
+                    tenant = name[len(HISTORY_TENANT_PREFIX) :]
                     by_tenant[
                         None if tenant.startswith("/") else K.decode_concurrency_key(tenant)
                     ] = n
             out.append(
                 HistoryBucket(
                     start_ms=bucket * HISTORY_BUCKET_MS,
-                    served=f.get("served", 0), completed=f.get("completed", 0),
-                    failed=f.get("failed", 0), retried=f.get("retried", 0),
-                    dead_lettered=f.get("dead_lettered", 0), expired=f.get("expired", 0),
-                    cancelled=f.get("cancelled", 0), timed_out=f.get("timed_out", 0),
-                    run_ms=f.get("run_ms", 0), by_tenant=by_tenant,
+                    by_tenant=by_tenant,
                     other_tenants=f.get(HISTORY_OVERFLOW_FIELD, 0),
-                    wait_ms=f.get("wait_ms", 0),
+                    **{counter: f.get(counter, 0) for counter in HISTORY_COUNTERS},
                 )
-            )  # fmt: skip
+            )
         return out
 
     async def audit_log(self, env: Environment, *, limit: int = 100) -> list[AuditEntry]:
         """The environment's recorded admin actions, newest first."""
-        validate.integer("limit", limit, 1, 1000)
+        validate.integer("limit", limit, 1, validate.AUDIT_KEEP)
         raw = await self.read(self.client.lrange(self.keys.env(env).audit, 0, limit - 1))
         out = []
         for item in raw:

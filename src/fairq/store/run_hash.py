@@ -65,6 +65,11 @@ RUN_FIELDS: Final[dict[str, RunField]] = {
     "progress": RunField("pg", "text", "the last progress its task reported: fraction:message"),
 }
 
+#: The ``outcome_policy`` of a run whose completion's outcome is kept without a result.
+KEEP_OUTCOME: Final = "keep"
+#: The values of the ``outcome_policy`` field ('' = the default policy).
+OUTCOME_POLICIES: Final = ("", KEEP_OUTCOME)
+
 #: The values of the ``state`` field (the run states :mod:`fairq.outcomes` reports).
 RUN_STATES: Final = tuple(STATE_STATUS)
 

@@ -14,13 +14,14 @@ directives, its KEYS/ARGV bindings and its body. Directives:
   (only the admin script that sets weights). The age-order builds, and every other
   script without an order, get a schema without them;
 * ``--@include name``: a helper file ``lua/include/<name>.lua``. ``prelude`` is the one
-  generated include (reply codes, key builders, option rules, the run hash's field names
-  and the readers of it the library calls, this script's context bindings, argument
-  checks) and must come first. ``order`` stands for the order-specific hooks and
-  ``order_serve`` for the order's serve engine: a script that includes either (directly
-  or through another include) is built twice, with ``order_age`` (``order_age_serve``)
-  and with ``order_fair`` (``order_fair_serve``). Only the dequeue serves, so only it
-  carries a serve engine; the other scripts carry the hooks alone.
+  generated include (reply codes, key builders, option rules, shared constants, the run
+  hash's field names and the readers of it the library calls, this script's context
+  bindings, argument checks) and must come first. ``order`` stands for the
+  order-specific hooks and ``order_serve`` for the order's serve engine: a script that
+  includes either (directly or through another include) is built twice, with
+  ``order_age`` (``order_age_serve``) and with ``order_fair`` (``order_fair_serve``).
+  Only the dequeue serves, so only it carries a serve engine; the other scripts carry
+  the hooks alone.
 
 An include names the includes it needs with ``--@require name``; the loader emits every
 include once, after what it requires (a missing include or a cycle is a
@@ -53,6 +54,7 @@ from fairq.keys import lua_schema
 from fairq.store.context import context_read, lua_bindings, lua_context_cache
 from fairq.store.options import lua_options
 from fairq.store.run_hash import lua_delivery, lua_run_hash, reads_called
+from fairq.store.shared import lua_shared
 from fairq.store.status import lua_status_table
 
 Order = Literal["age", "fair"]
@@ -211,6 +213,7 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             lua_status_table(),
             lua_schema(fair=full_schema),
             lua_options(),
+            lua_shared(),
             lua_run_hash(reads),
             *([lua_delivery()] if "delivery_add(" in code else []),
             lua_context_cache(),

@@ -22,6 +22,21 @@ MAX_LEASE_MS: Final = 86_400_000
 MAX_PAYLOAD_DEPTH: Final = 64
 #: Most runs one finishing call takes.
 MAX_BATCH: Final = 10_000
+#: Most runs one maintenance call (lease reclaim, TTL expiry) handles on a shard.
+MAX_MAINTENANCE_BATCH: Final = 10_000
+#: Most queues one dequeue call serves.
+MAX_DEQUEUE_QUEUES: Final = 1_000
+#: The largest lease token accepted (a run's delivery count).
+MAX_LEASE_TOKEN: Final = 10**15
+#: The longest progress a heartbeat records: ``fraction:message`` (UTF-8 bytes).
+MAX_PROGRESS_BYTES: Final = 1_100
+#: An audit entry's fields: shortest and longest (UTF-8 bytes).
+AUDIT_FIELD_BYTES: Final = {
+    "who": (1, 200), "action": (1, 64), "target": (1, 500), "detail": (0, 2000),
+}  # fmt: skip
+#: Audit entries an environment keeps (the newest), and for how long after the last (s).
+AUDIT_KEEP: Final = 1_000
+AUDIT_TTL_S: Final = 30 * 86_400
 
 
 def integer(name: str, value: object, low: int, high: int) -> int:
@@ -110,6 +125,14 @@ def payload(value: Any, max_bytes: int) -> str:
     return text
 
 
+def utf8_prefix(value: str, max_bytes: int) -> str:
+    """The longest prefix of ``value`` whose UTF-8 encoding fits in ``max_bytes``."""
+    raw = value.encode("utf-8")
+    if len(raw) <= max_bytes:
+        return value
+    return raw[:max_bytes].decode("utf-8", errors="ignore")
+
+
 def text(name: str, value: object, max_chars: int) -> str:
     """A string of at most ``max_chars`` characters (valid Unicode)."""
     if not isinstance(value, str):
@@ -130,22 +153,26 @@ KEPT_PROGRESS_CHARS: Final = 1000
 
 def progress_note(fraction: object, message: object) -> str:
     """A heartbeat's progress note (``fraction:message``): a fraction in 0..1 and a
-    message of valid Unicode (at most 10,000 characters, of which 1,000 are kept)."""
+    message of valid Unicode (at most 10,000 characters, of which 1,000 are kept, fewer
+    when their UTF-8 would pass the script's bound, :data:`MAX_PROGRESS_BYTES`)."""
     value = number("progress", fraction, 0.0, 1.0)
     kept = text("progress message", message, MAX_PROGRESS_MESSAGE_CHARS)[:KEPT_PROGRESS_CHARS]
-    return f"{value:.4f}:{kept}"
+    head = f"{value:.4f}:"
+    return head + utf8_prefix(kept, MAX_PROGRESS_BYTES - len(head))
 
 
-#: Longest schedule name.
-MAX_SCHEDULE_NAME_CHARS: Final = 200
+#: Longest schedule name (UTF-8 bytes).
+MAX_SCHEDULE_NAME_BYTES: Final = 200
 
 
 def schedule_name(value: object) -> str:
-    """A schedule's name: 1..200 characters of valid Unicode, no ``:``."""
-    text("schedule", value, MAX_SCHEDULE_NAME_CHARS)
+    """A schedule's name: 1..200 bytes of valid Unicode (UTF-8), no ``:``."""
+    text("schedule", value, MAX_SCHEDULE_NAME_BYTES)
     assert isinstance(value, str)
-    if not value or ":" in value:
-        raise InvalidLimitError("schedule", value, "must be 1..200 characters without ':'")
+    if not value or ":" in value or len(value.encode("utf-8")) > MAX_SCHEDULE_NAME_BYTES:
+        raise InvalidLimitError(
+            "schedule", value, f"must be 1..{MAX_SCHEDULE_NAME_BYTES} bytes without ':'"
+        )
     return value
 
 

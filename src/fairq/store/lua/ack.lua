@@ -12,8 +12,8 @@ KEYS
 ARGV
   context: the context fields this build reads (the loader finds them), in order
   then 4 per run: lease member (org:project:env:run), lease token, outcome JSON to keep
-    ('' = keep none), status word for the queue's history (completed | failed |
-    cancelled | timed_out)
+    ('' = keep none), status word for the queue's history (one of
+    ARG_RULES.finish_statuses: completed | failed | cancelled | timed_out)
 Reply
   one status per run: ACKED, UNKNOWN_RUN, LEASE_LOST
 ]]
@@ -22,7 +22,6 @@ Reply
 --@include order
 
 local FIELDS = 4
-local STATUS_WORDS = {'completed', 'failed', 'cancelled', 'timed_out'}
 local tag = KEYS[1]
 local count = arg_groups(ARGV, FIRST_ARG, FIELDS, 'run')
 -- check every run before the first write (the loop below reads the same arguments, and
@@ -32,7 +31,7 @@ for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
   local _, env_id, run = arg_member(ARGV[i])
   env_ids[#env_ids + 1], run_ids[#run_ids + 1] = env_id, run
   arg_token(ARGV[i + 1])
-  arg_word(ARGV[i + 3], 'status', STATUS_WORDS)
+  arg_word(ARGV[i + 3], 'status', ARG_RULES.finish_statuses)
 end
 
 local X = state_new(C, tag)

@@ -23,7 +23,7 @@ Reply
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', 128)
+local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', ARG_RULES.name_length)
 local only = ARGV[FIRST_ARG + 2] or ''
 if only ~= '' then arg_word(only, 'state', RUN_STATES) end
 local X = state_new(C, tag)

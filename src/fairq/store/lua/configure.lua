@@ -68,9 +68,12 @@ for r = 0, count - 1 do
   local key
   if target == 'config' then
     key = env_key(V, 'config')
-    if queue ~= '' then field = config_field(arg_name(queue, 'queue', 128), field) end
+    if queue ~= '' then
+      field = config_field(arg_name(queue, 'queue', ARG_RULES.name_length), field)
+    end
   elseif QUEUE_TARGETS[target] then
-    key = queue_key(queue_prefix(tag, env_id, arg_name(queue, 'queue', 128)), QUEUE_TARGETS[target])
+    local B = queue_prefix(tag, env_id, arg_name(queue, 'queue', ARG_RULES.name_length))
+    key = queue_key(B, QUEUE_TARGETS[target])
   elseif target == 'tenant_weights' then
     key = env_key(V, 'tenant_weights')
   elseif target == 'env_weights' then

@@ -34,13 +34,17 @@ Reply
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local max_count = arg_int(ARGV[FIRST_ARG + 1], 'max_count', 1, 1000)
-local lease_ms = arg_int(ARGV[FIRST_ARG + 2], 'lease_ms', 1, 86400000)
+local max_count = arg_int(ARGV[FIRST_ARG + 1], 'max_count', 1, ARG_RULES.dequeue_count)
+local lease_ms = arg_int(ARGV[FIRST_ARG + 2], 'lease_ms', 1, ARG_RULES.lease_ms)
 local kinds = arg_word(ARGV[FIRST_ARG + 3], 'kinds', {'', KIND_QUEUE, KIND_CK})
 local charge_env = arg_int(ARGV[FIRST_ARG + 4], 'charge_env', 0, 1) == 1
 local queues = {}
-for i = FIRST_ARG + 5, #ARGV do queues[#queues + 1] = arg_name(ARGV[i], 'queue', 128) end
-if #queues > 1000 then fail('at most 1000 queues per dequeue') end
+for i = FIRST_ARG + 5, #ARGV do
+  queues[#queues + 1] = arg_name(ARGV[i], 'queue', ARG_RULES.name_length)
+end
+if #queues > ARG_RULES.dequeue_queues then
+  fail('at most ' .. ARG_RULES.dequeue_queues .. ' queues per dequeue')
+end
 
 local X = state_new(C, tag)
 X.charge_env = charge_env

@@ -10,7 +10,7 @@ ARGV
   FIRST_ARG      env id
   FIRST_ARG + 1  queue
   FIRST_ARG + 2  encoded key ('' = the keyless runs)
-  FIRST_ARG + 3  max_count (1..1000)
+  FIRST_ARG + 3  max_count (1..ARG_RULES.dequeue_count)
   FIRST_ARG + 4  lease (ms)
   FIRST_ARG + 5  encoded named tenant of the flow ('' or absent = none)
 Reply
@@ -28,11 +28,11 @@ HOOK.slot_freed = function() end
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
+local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', ARG_RULES.name_length)
 local ck = ARGV[FIRST_ARG + 2]
 if ck ~= '' and not string.match(ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
-local max_count = arg_int(ARGV[FIRST_ARG + 3], 'max_count', 1, 1000)
-local lease_ms = arg_int(ARGV[FIRST_ARG + 4], 'lease_ms', 1, 86400000)
+local max_count = arg_int(ARGV[FIRST_ARG + 3], 'max_count', 1, ARG_RULES.dequeue_count)
+local lease_ms = arg_int(ARGV[FIRST_ARG + 4], 'lease_ms', 1, ARG_RULES.lease_ms)
 local named = ARGV[FIRST_ARG + 5] or ''
 if named ~= '' and not string.match(named, '^[%w_%.%-%%]+$') then fail('bad encoded tenant') end
 local X = state_new(C, tag)

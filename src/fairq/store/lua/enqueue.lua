@@ -33,10 +33,10 @@ Reply
 local FIELDS = 11
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
+local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', ARG_RULES.name_length)
 local schedule = ARGV[FIRST_ARG + 2]
 local tick = arg_int(ARGV[FIRST_ARG + 3], 'schedule tick', 0, MAX_TIME_MS)
-if schedule ~= '' then arg_name(schedule, 'schedule name', 200) end
+if schedule ~= '' then arg_name(schedule, 'schedule name', ARG_RULES.schedule_name_bytes) end
 local count = arg_groups(ARGV, FIRST_ARG + 4, FIELDS, 'run')
 
 -- check every run before the first write
@@ -44,16 +44,18 @@ local runs = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + 4 + r * FIELDS
   local run = {
-    id = arg_name(ARGV[i], 'run id', 128),
+    id = arg_name(ARGV[i], 'run id', ARG_RULES.name_length),
     ck = ARGV[i + 1], tenant = ARGV[i + 2],
     delay = arg_int(ARGV[i + 4], 'delay_ms', 0, MAX_TIME_MS),
     priority = arg_int(ARGV[i + 5], 'priority_ms', 0, MAX_TIME_MS),
     ttl = arg_int(ARGV[i + 6], 'ttl_ms', 0, MAX_TIME_MS),
-    payload = ARGV[i + 7], keep = arg_word(ARGV[i + 8], 'outcome policy', {'', 'keep'}),
+    payload = ARGV[i + 7],
+    keep = arg_word(ARGV[i + 8], 'outcome policy', ARG_RULES.outcome_policies),
     timeout = arg_int(ARGV[i + 9], 'timeout_ms', 0, MAX_TIME_MS),
     trace = ARGV[i + 10],
   }
-  if run.trace ~= '' and (#run.trace > 512 or string.find(run.trace, '[^!-~]')) then
+  if run.trace ~= ''
+      and (#run.trace > ARG_RULES.trace_context_chars or string.find(run.trace, '[^!-~]')) then
     fail('bad trace context')
   end
   if run.ck ~= '' and not string.match(run.ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end

@@ -6,7 +6,7 @@ KEYS
   1 T  shard tag {prefix.N}
 ARGV
   context: the context fields this build reads (the loader finds them), in order
-  FIRST_ARG  batch size (1..10000)
+  FIRST_ARG  batch size (1..ARG_RULES.maintenance_batch)
 Reply
   {OK, count expired, lease member...}
 ]]
@@ -15,7 +15,7 @@ Reply
 --@include order
 
 local tag = KEYS[1]
-local batch = arg_int(ARGV[FIRST_ARG], 'batch', 1, 10000)
+local batch = arg_int(ARGV[FIRST_ARG], 'batch', 1, ARG_RULES.maintenance_batch)
 local X = state_new(C, tag)
 local due = redis.call('ZRANGEBYSCORE', X.ttl, '-inf', X.now, 'LIMIT', 0, batch)
 local reply = {S.OK, 0}

@@ -6,9 +6,9 @@ KEYS
   1 T  shard tag {prefix.N}
 ARGV
   context: the context fields this build reads (the loader finds them), in order
-  FIRST_ARG  lease (ms, 1..86400000)
+  FIRST_ARG  lease (ms, 1..ARG_RULES.lease_ms)
   then 3 per run: lease member (org:project:env:run), lease token, progress to record
-    ('' = none; 'fraction:message', bounded by the caller)
+    ('' = none; 'fraction:message', at most ARG_RULES.progress_bytes bytes)
 Reply
   one status per run: EXTENDED (new deadline now + lease), CANCEL_REQUESTED (extended,
   and someone asked to cancel the run: its worker should stop it), UNKNOWN_RUN,
@@ -17,13 +17,13 @@ Reply
 --@include prelude
 
 local tag = KEYS[1]
-local lease_ms = arg_int(ARGV[FIRST_ARG], 'lease_ms', 1, 86400000)
+local lease_ms = arg_int(ARGV[FIRST_ARG], 'lease_ms', 1, ARG_RULES.lease_ms)
 local count = arg_groups(ARGV, FIRST_ARG + 1, 3, 'run')
 local todo = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + 1 + r * 3
   local progress = ARGV[i + 2]
-  if #progress > 1100 then fail('progress is too long') end
+  if #progress > ARG_RULES.progress_bytes then fail('progress is too long') end
   todo[#todo + 1] = {arg_member(ARGV[i]), arg_token(ARGV[i + 1]), progress}
 end
 local leases = shard_key(tag, 'leases')

@@ -13,7 +13,7 @@ ARGV
   FIRST_ARG + 2  retry at (ms, absolute; '' = now + delay)
   FIRST_ARG + 3  retry delay (ms)
   FIRST_ARG + 4  count the attempt (1 / 0)
-  FIRST_ARG + 5  max attempts (1..1000)
+  FIRST_ARG + 5  max attempts (1..ARG_RULES.attempts)
   FIRST_ARG + 6  the attempt's error (text, '' = none), kept with the run
   FIRST_ARG + 7  outcome JSON to keep when it is dead-lettered ('' = none)
   FIRST_ARG + 8  the attempt's traceback (text, '' = none), kept with the run
@@ -37,7 +37,7 @@ else
 end
 if retry_at > MAX_TIME_MS then fail('retry time out of range') end
 local increment = arg_int(ARGV[FIRST_ARG + 4], 'increment', 0, 1)
-local max_attempts = arg_int(ARGV[FIRST_ARG + 5], 'max_attempts', 1, 1000)
+local max_attempts = arg_int(ARGV[FIRST_ARG + 5], 'max_attempts', 1, ARG_RULES.attempts)
 local error_text = ARGV[FIRST_ARG + 6] or ''
 local outcome = ARGV[FIRST_ARG + 7] or ''
 local traceback = ARGV[FIRST_ARG + 8] or ''

@@ -16,7 +16,7 @@ Reply
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', 128)
+local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', ARG_RULES.name_length)
 local X = state_new(C, tag)
 local member = env_id .. ':' .. run
 local mkey = run_key(tag, member)

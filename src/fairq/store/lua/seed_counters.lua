@@ -16,7 +16,7 @@ Reply
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', 128)
+local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', ARG_RULES.name_length)
 local X = state_new(C, tag)
 local V = env_prefix(tag, env_id)
 local B = queue_prefix(tag, env_id, queue)

@@ -5,8 +5,9 @@
 -- into their slots, leasing each until now + lease_ms. The runs' slots count under the
 -- flow's named tenant (its `ta`, '' = none). Stale entries (hash gone) are dropped; runs
 -- whose TTL passed are reported, never delivered. Each delivered run is appended to
--- `out` (delivery_add: the fields fairq/store/run_hash.py's DELIVERY_FIELDS lists). With `max_score`, only runs scored below it (or equal, when `tie_ok`) are
--- claimed. Returns the number delivered and the flow's next head score (nil = empty).
+-- `out` (delivery_add: the fields fairq/store/run_hash.py's DELIVERY_FIELDS lists).
+-- With `max_score`, only runs scored below it (or equal, when `tie_ok`) are claimed.
+-- Returns the number delivered and the flow's next head score (nil = empty).
 local function claim(X, Q, flow, limit, lease_ms, out, max_score, tie_ok)
   local keyless = flow == KEYLESS_FLOW
   local ta = flow_tenant(flow) or ''
@@ -85,7 +86,8 @@ local function claim(X, Q, flow, limit, lease_ms, out, max_score, tie_ok)
   if delivered > 0 then
     history_add(X, Q, 'served', delivered)
     history_add(X, Q, 'wait_ms', waited)
-    history_add(X, Q, 't:' .. (ta ~= '' and ta or default_tenant(Q.name, flow)), delivered)
+    local tenant = ta ~= '' and ta or default_tenant(Q.name, flow)
+    history_add(X, Q, HISTORY.tenant_prefix .. tenant, delivered)
   end
   return delivered, head
 end

@@ -61,8 +61,6 @@ local function has_park(X, Q)
   return cached_exists(X, 'hpark', queue_key(Q.B, 'parked_due'))
 end
 
---- The member of V:tt that holds the floor (encoded names never contain '~').
-local FLOOR_MEMBER = '~floor'
 --- Pruning tags below the floor and refreshing the state's TTL happen when the floor
 --- crosses a multiple of this much virtual time (not on every call).
 local TICK = 8

@@ -1,11 +1,7 @@
 -- prelude.lua: argument checks. Every script checks all of its arguments with these
 -- before its first write, so a refused argument (FQ2 -> fairq.errors.InvalidLimitError)
--- can never leave a change half applied.
-
---- Unlimited, as a number.
-local UNLIMITED = 1000000000
---- The largest time a script accepts (ms): the year 10000.
-local MAX_TIME_MS = 253402300800000
+-- can never leave a change half applied. Their bounds (UNLIMITED, MAX_TIME_MS,
+-- ARG_RULES) are generated from the Python side's (fairq/store/shared.py).
 
 local function fail(what)
   error({err = 'FQ2 ' .. what})
@@ -97,10 +93,11 @@ end
 -- A lease token (an integer in 0..1e15), checked; returns its text. Plain digits (what
 -- fairq sends) are taken without a number conversion; anything else is checked by arg_int.
 local function arg_token(value)
-  if type(value) == 'string' and #value <= 15 and string.find(value, '^%d+$') then
+  if type(value) == 'string' and #value <= ARG_RULES.lease_token_digits
+      and string.find(value, '^%d+$') then
     return value
   end
-  arg_int(value, 'lease token', 0, 1e15)
+  arg_int(value, 'lease token', 0, ARG_RULES.lease_token)
   return value
 end
 

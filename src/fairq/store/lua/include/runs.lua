@@ -9,12 +9,6 @@
 -- (KEYLESS_FLOW and 'N/') share the queue's keyless slots, the others have their own.
 --@require state counters
 
---- How long one history bucket spans (ms), and how long buckets are kept (s).
-local HISTORY_BUCKET_MS = 10000
-local HISTORY_TTL_S = 3900
---- Most fields one history bucket holds before new tenants are counted together.
-local HISTORY_MAX_FIELDS = 256
-
 -- The tenant a flow's runs belong to: its named tenant, else its key, or, for the
 -- keyless runs of no named tenant, the queue itself ('/<queue>': no encoded name starts
 -- with '/').
@@ -246,10 +240,8 @@ local function write_outcome(X, member, json)
   redis.call('SET', outcome_key(X.tag, member), json, 'EX', X.C.outcome_ttl)
 end
 
--- A finished run for the queue's recent list (newest first, bounded), as one line of
--- space-separated fields: status, finished at (ms), attempts, run time (ms; '' when it
--- never started), encoded key, encoded tenant ('' = none; encoded names hold no
--- spaces), and last the run id (fairq/store/readers.py reads it).
+-- A finished run for the queue's recent list (newest first, bounded): one line
+-- (HISTORY.recent_line; fairq/store/readers.py reads it).
 local function recent_add(X, Q, run, status, attempts, started, ck, ta)
   if (X.C.recent_runs or 0) <= 0 then return end
   local list = X.recent[Q.B]
@@ -263,8 +255,8 @@ local function recent_add(X, Q, run, status, attempts, started, ck, ta)
     now = tostring(X.now)
     X.now_text = now
   end
-  list[#list + 1] = status .. ' ' .. now .. ' ' .. attempts .. ' '
-    .. (started and (X.now - started) or '') .. ' ' .. ck .. ' ' .. (ta or '') .. ' ' .. run
+  list[#list + 1] = HISTORY.recent_line(status, now, attempts, started and (X.now - started) or '',
+    ck, ta or '', run)
 end
 
 -- Add to a counter of the queue's current history bucket (the call's bucket is one for
@@ -272,7 +264,7 @@ end
 local function history_add(X, Q, field, n)
   local bucket = X.bucket_text
   if bucket == nil then
-    bucket = tostring(math.floor(X.now / HISTORY_BUCKET_MS))
+    bucket = tostring(math.floor(X.now / HISTORY.bucket_ms))
     X.bucket_text = bucket
   end
   local h = X.history[Q.B]
@@ -334,26 +326,28 @@ local function state_flush(X)
       redis.call('LTRIM', queue_key(B, 'recent'), 0, keep - 1)
     end
   end
+  local overflow_field, tenant_prefix = HISTORY.overflow_field, HISTORY.tenant_prefix
+  local prefix_end = #tenant_prefix
   for _, h in pairs(state_peek(X, 'history')) do
     local names = {}
     for field in pairs(h.fields) do names[#names + 1] = field end
-    names[#names + 1] = 't:~'
+    names[#names + 1] = overflow_field
     local old = redis.call('HMGET', h.key, unpack(names))
     local fresh, new_tenant = true, false
     for i = 1, #names do
       if old[i] then
         fresh = false
-      elseif i < #names and string.sub(names[i], 1, 2) == 't:' then
+      elseif i < #names and string.sub(names[i], 1, prefix_end) == tenant_prefix then
         new_tenant = true
       end
     end
-    -- bounded: once a bucket holds HISTORY_MAX_FIELDS fields, further tenants are
-    -- counted together under 't:~'
-    local full = new_tenant and not fresh and redis.call('HLEN', h.key) >= HISTORY_MAX_FIELDS
+    -- bounded: once a bucket holds HISTORY.max_fields fields, further tenants are
+    -- counted together under the overflow field
+    local full = new_tenant and not fresh and redis.call('HLEN', h.key) >= HISTORY.max_fields
     local args, overflow = {}, 0
     for i = 1, #names - 1 do
       local field, n = names[i], h.fields[names[i]]
-      if full and not old[i] and string.sub(field, 1, 2) == 't:' then
+      if full and not old[i] and string.sub(field, 1, prefix_end) == tenant_prefix then
         overflow = overflow + n
       else
         args[#args + 1] = field
@@ -361,11 +355,11 @@ local function state_flush(X)
       end
     end
     if overflow > 0 then
-      args[#args + 1] = 't:~'
+      args[#args + 1] = overflow_field
       args[#args + 1] = (tonumber(old[#names]) or 0) + overflow
     end
     redis.call('HSET', h.key, unpack(args))
-    if fresh then redis.call('EXPIRE', h.key, HISTORY_TTL_S) end
+    if fresh then redis.call('EXPIRE', h.key, HISTORY.ttl_s) end
   end
   if X.wake then redis.call('PUBLISH', X.C.wake_channel, 'work') end
 end
