@@ -5,7 +5,9 @@ named ``fairq_<operation>_<order>_<content hash>``: the helpers are defined once
 library loads (not on every call, which measured 35-80 us per call for an EVAL of the same
 text), and the versioned name lets processes of different versions share a server. A
 call is an ``FCALL``; a server that does not have the library (a restart without
-persistence, ``FUNCTION FLUSH``) gets it loaded and the call retried.
+persistence, ``FUNCTION FLUSH``) gets it loaded and the call retried. Loading also
+deletes the libraries of older fairq builds (:mod:`fairq.store.libraries`: the current
+and the previous build are kept).
 
 A script file holds, top to bottom: its header (purpose, KEYS, ARGV, reply), the
 directives, its KEYS/ARGV bindings and its body. Directives:
@@ -37,20 +39,23 @@ Only :mod:`fairq.store` uses this module; script objects never leave it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Final, Literal
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
+from fairq.store import libraries
 from fairq.store.context import context_read, lua_bindings, lua_context_cache
 from fairq.store.options import lua_options
 from fairq.store.run_hash import lua_delivery, lua_run_hash, reads_called
@@ -58,6 +63,8 @@ from fairq.store.shared import lua_shared
 from fairq.store.status import lua_status_table
 
 Order = Literal["age", "fair"]
+
+log = logging.getLogger("fairq.scripts")
 
 _DIRECTIVE_RE: Final = re.compile(r"^--@(include|require|context|schema)\b(.*)$", re.MULTILINE)
 _NAME_RE: Final = re.compile(r"^[a-z_]+$")
@@ -260,6 +267,8 @@ class Script:
     function: str
     sha: str
     context: tuple[str, ...]
+    #: The build it belongs to (its registry's libraries), for pruning older builds.
+    build: libraries.Build | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -301,10 +310,31 @@ class Script:
                 # stale right after a reshard, and a later call may land on another node.
                 for node in client.get_primaries():
                     await _load_on_node(client, node, self.source)
+                    run = functools.partial(client.execute_command, target_nodes=node)
+                    await self._prune(run, str(node.name))
             else:
                 await client.execute_command("FUNCTION", "LOAD", "REPLACE", self.source)
+                await self._prune(client.execute_command, _server_name(client))
         except ResponseError as exc:
             raise ScriptLoadError(f"the server refused library {self.function}: {exc}") from exc
+
+    async def _prune(self, run: libraries.Run, server: str) -> None:
+        """Delete older builds' libraries (never failing the call that loaded this one)."""
+        if self.build is None:
+            return
+        try:
+            await libraries.prune(run, server, self.build)
+        except (RedisError, ValueError, TypeError) as exc:
+            log.warning("could not delete older fairq function libraries on %s: %s", server, exc)
+
+
+def _server_name(client: Any) -> str:
+    """Where a client of one server connects (its socket path, or host:port)."""
+    address = getattr(client, "address", None)  # fairq's script wire
+    if address is not None:
+        return str(address.path or f"{address.host}:{address.port}")
+    kwargs = client.connection_pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host', '')}:{kwargs.get('port', '')}")
 
 
 def _not_loaded(exc: ResponseError) -> bool:
@@ -339,17 +369,21 @@ class ScriptRegistry:
     """Every script, built for each order it has, expanded and hashed once per process."""
 
     def __init__(self, read: Reader = _package_reader, names: list[str] | None = None) -> None:
-        self._scripts: dict[tuple[str, Order | None], Script] = {}
+        sources: dict[tuple[str, Order | None], Source] = {}
         for name in script_names() if names is None else names:
             orders: tuple[Order | None, ...] = (
                 ("age", "fair") if uses_order(name, read) else (None,)
             )
             for order in orders:
-                source = assemble(name, order, read)
-                sha = hashlib.sha1(source.text.encode("utf-8")).hexdigest()
-                self._scripts[(name, order)] = Script(
-                    name, order, source.text, source.function, sha, source.context
-                )
+                sources[(name, order)] = assemble(name, order, read)
+        #: This registry's libraries, as one build (see fairq.store.libraries).
+        self.build = libraries.Build.of(s.function for s in sources.values())
+        self._scripts: dict[tuple[str, Order | None], Script] = {}
+        for (name, order), source in sources.items():
+            sha = hashlib.sha1(source.text.encode("utf-8")).hexdigest()
+            self._scripts[(name, order)] = Script(
+                name, order, source.text, source.function, sha, source.context, self.build
+            )
 
     def get(self, operation: str, order: Order) -> Script:
         """The script for ``operation`` in ``order`` (its only build if it has no order)."""
