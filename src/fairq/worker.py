@@ -311,6 +311,13 @@ class Worker:
     async def run(self) -> WorkerStats:
         """Run until stopped (or ``max_runs`` / ``burst``); returns the stats."""
         loop = asyncio.get_running_loop()
+        # first, before anything awaits: a signal from now on stops the worker gracefully
+        installed: list[signal.Signals] = []
+        if self.install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                    installed.append(sig)
         self._rq = rq = await self.app.queue()
         self._threads = TaskThreads(self.concurrency, self._slot_free.set)
         self._consumer = Consumer(
@@ -320,12 +327,6 @@ class Worker:
             on_connection_lost=self._connection_lost,
             on_loop_error=self._count_loop_error,
         )  # fmt: skip
-        installed: list[signal.Signals] = []
-        if self.install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, self._on_signal, sig)
-                    installed.append(sig)
         for line in await self._retrying(self.app.apply_limits):
             log.info("limits: %s", line)
         acks = asyncio.create_task(self._ack_loop(), name="fairq-acks")

@@ -4,9 +4,10 @@ operations per order.
 One queue holds keyless runs, runs of six keys serving as their own tenants and runs of
 three keys of two named tenants. A seeded loop drives enqueue (keyless / keyed / named
 tenant, some delayed), dequeue (1..6 runs), ack, nack (requeue with a backoff, or
-dead-letter at the last attempt), release, cancel (queued: gone; running: only
-requested), deletion of the queue's lazy CK counters, and changes of the total cap
-(None, 0, 1, 3, 8), of key caps and of a tenant cap, on a logical clock.
+dead-letter at the last attempt), release, cancel (queued: gone; running: requested,
+and a later nack ends it cancelled), deletion of the queue's lazy CK counters, and
+changes of the total cap (None, 0, 1, 3, 8), of key caps and of a tenant cap, on a
+logical clock.
 
 After every operation ``queue_stats`` running / queued equal the model exactly (and,
 every fifth, the raw counters, when present, equal the model's keyed counts). After
@@ -61,6 +62,8 @@ class Run:
     score: int
     slot: bool = False
     delivery: Delivery | None = None
+    #: a cancel was asked while it ran: a nack ends it cancelled (a cancel wins)
+    cancel_requested: bool = False
 
 
 @dataclass
@@ -197,7 +200,10 @@ class Driver:
         delay = self.rnd.choice([0, 0, 50, 300])
         got = await self.rq.nack(d, retry_delay_ms=delay, max_attempts=MAX_ATTEMPTS,
                                  now_ms=self.now)  # fmt: skip
-        if d.attempt + 1 >= MAX_ATTEMPTS:
+        if run.cancel_requested:
+            assert got is NackOutcome.CANCELLED
+            del self.model.runs[run.run_id]
+        elif d.attempt + 1 >= MAX_ATTEMPTS:
             assert got is NackOutcome.DEAD_LETTERED
             del self.model.runs[run.run_id]
             self.events["dead_lettered"] += 1
@@ -225,6 +231,7 @@ class Driver:
             del self.model.runs[run.run_id]
         else:
             assert got is CancelOutcome.CANCEL_REQUESTED
+            run.cancel_requested = True
         self.events[got.value] += 1
 
     async def op_delete_counters(self) -> None:

@@ -7,6 +7,7 @@ exception in one place.
 from __future__ import annotations
 
 import re
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -83,6 +84,30 @@ def test_a_read_of_an_unknown_context_name_fails_to_load() -> None:
     }
     with pytest.raises(ScriptLoadError, match="clock_skew"):
         assemble("s", None, _reader(files))
+
+
+def test_an_undeclared_per_call_state_field_fails_to_load() -> None:
+    """Every field of X a script names is declared (store/context.py STATE_FIELDS)."""
+    files = {
+        "s.lua": "--@include prelude\nlocal v = X.tfloor or X.tflor\n",
+        "include/prelude.lua": PRELUDE,
+    }
+    with pytest.raises(ScriptLoadError, match=r"X\.tflor"):
+        assemble("s", None, _reader(files))
+
+
+def test_the_fair_serve_reads_only_the_state_fields_it_declares() -> None:
+    """The fair serve's phases share one record (serve_state): every F.<field> they name
+    is one serve_state declares, and every declared one is used."""
+    text = resources.files("fairq.store").joinpath("lua/include/order_fair_serve.lua").read_text()
+    start = text.index("function E.serve_state(")
+    record = text[text.index("setmetatable({", start) : text.index("}, SERVE_STATE_META)", start)]
+    declared = set(re.findall(r"^\s*(\w+) = ", record, re.M)) | set(
+        re.findall(r"(\w+) = [\w.]+,", record)
+    )
+    used = set(re.findall(r"\bF\.(\w+)", text))
+    assert used - declared == set(), sorted(used - declared)
+    assert declared - used == set(), sorted(declared - used)
 
 
 def test_a_hand_kept_context_list_is_refused() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -121,6 +122,12 @@ def command(
     fmt: logs.LogFormat = "json" if log_format == "json" else "text"
     logs.configure(logging.INFO if verbose else logging.WARNING, fmt)
     count = _processes(processes)
+    # a SIGTERM (a supervisor's, a deploy's) while the worker still starts up (imports,
+    # the server's start) stops it gracefully once it runs, instead of killing it
+    early: list[int] = []
+    if count == 1:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: early.append(signum))
     app = load_app(app_spec)
     if count > 1:
         _supervise(
@@ -159,6 +166,8 @@ def command(
             + (f" | metrics http://{metrics_host}:{metrics_port}/metrics" if metrics_port else ""),
             fmt,
         )
+        if early:  # stopped while starting: take nothing, exit cleanly
+            worker.stop()
         try:
             stats = await worker.run()
         finally:

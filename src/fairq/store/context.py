@@ -218,3 +218,75 @@ def order_names(names: list[str]) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown context name(s) {unknown}; known: {list(CONTEXT_NAMES)}")
     return tuple(n for n in CONTEXT_NAMES if n in names)
+
+
+#: Every field of a script's per-call state ``X`` (``include/state.lua``), with what it
+#: holds. ``lazy``: a table made on first use (state.lua's STATE_TABLES, generated from
+#: here); the others are set by the code that owns them. The loader refuses a build
+#: whose Lua names an ``X`` field this table does not declare.
+STATE_FIELDS: Final[dict[str, tuple[bool, str]]] = {
+    "C": (False, "the call's context (context fields, and `now`)"),
+    "tag": (False, "the shard tag every key of the call starts with"),
+    "now": (False, "the call's clock (ms)"),
+    "heads": (False, "the shard's heads index key"),
+    "leases": (False, "the shard's lease index key"),
+    "ttl": (False, "the shard's TTL index key"),
+    "wake": (False, "publish a wake-up hint at the flush"),
+    "made": (False, "some lazy table was made: the flush has work"),
+    "now_text": (False, "the clock as text, made once (recent lists)"),
+    "bucket_text": (False, "the history bucket's number as text, made once"),
+    "head_known": (False, "B -> the keyless queue's head a claim just learned (false: empty)"),
+    "charge_env": (False, "the dequeue charges the environment's place among its shard's"),
+    "parked_now": (False, "the fair serve parked something in this round"),
+    "tfloor": (False, "V -> the tenant floor read in this call {value, start, stored}"),
+    "kfloor": (False, "B|tenant -> a key floor read in this call {value, dirty}"),
+    "kadded": (False, "B|tenant -> true: keys joined that tenant's set in this call"),
+    "hpark": (False, "parked-due key -> whether it may hold members (probed once)"),
+    "qconf": (False, "B -> a run's queue config read by a hook"),
+    "qcharge": (False, "B -> {duration, parked}: how a run's queue charges"),
+    "frun": (False, "flow slot set -> slots it holds (read once, then tracked)"),
+    "qrun": (False, "B -> runs of the queue in flight (its total cap)"),
+    "overrides": (False, "B -> which override hashes the queue has, and values read"),
+    "buckets": (False, "B -> token buckets read in this call"),
+    "counter_value": (True, "counter key -> its value in this call"),
+    "counter_delta": (True, "counter key -> pending delta"),
+    "counter_seed": (True, "counter key -> the function seeding it from the truth"),
+    "tenant_running_seeded": (True, "B's tenant hash was seeded in this call"),
+    "tenant_running_base": (True, "B -> tenant -> runs in flight before this call"),
+    "tenant_running_delta": (True, "B -> tenant -> pending delta"),
+    "tenant_running_queue": (True, "B -> the queue whose truth reseeds its tenant hash"),
+    "runq": (True, "env -> queue -> the queue context of runs read from their hashes"),
+    "env_take": (True, "V -> runs taking an environment slot (the flush adds them)"),
+    "env_free": (True, "V -> runs giving one back"),
+    "lease_add": (True, "deadline, member pairs for the lease index"),
+    "lease_del": (True, "members leaving the lease index"),
+    "ttl_del": (True, "members leaving the TTL index"),
+    "free_groups": (True, "slot sets to free runs from, in order (ack)"),
+    "free_by": (True, "B|flow|tenant -> its group"),
+    "ckidx": (True, "B -> ck_index head moves not written yet"),
+    "deletes": (True, "keys known to exist, deleted with the flush's gated flags"),
+    "recent": (True, "B -> recent-list lines"),
+    "history": (True, "B -> history bucket counts"),
+    "touched": (True, "B|kind -> a heads-index member to re-score"),
+}
+
+#: A use of a per-call state field in Lua (``X.<name>``).
+_STATE_FIELD_RE: Final = re.compile(r"\bX\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def check_state_fields(code: str) -> None:
+    """Refuse Lua that names a field of ``X`` that :data:`STATE_FIELDS` does not declare.
+
+    Raises:
+        ValueError: naming the undeclared fields.
+    """
+    unknown = sorted(set(_STATE_FIELD_RE.findall(code)) - set(STATE_FIELDS))
+    if unknown:
+        raise ValueError(f"undeclared per-call state field(s) X.{', X.'.join(unknown)}")
+
+
+def lua_state_tables() -> str:
+    """Library-level Lua: the lazy per-call tables of X (STATE_TABLES in state.lua)."""
+    lazy = ", ".join(f"{name} = true" for name, (is_lazy, _) in STATE_FIELDS.items() if is_lazy)
+    header = "-- generated from fairq/store/context.py: X's lazy tables"
+    return f"{header}\nlocal STATE_TABLES = {{ {lazy} }}"

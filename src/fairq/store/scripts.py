@@ -56,7 +56,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
 from fairq.store import libraries
-from fairq.store.context import context_read, lua_bindings, lua_context_cache
+from fairq.store.context import (
+    check_state_fields,
+    context_read,
+    lua_bindings,
+    lua_context_cache,
+    lua_state_tables,
+)
 from fairq.store.options import lua_options
 from fairq.store.run_hash import lua_delivery, lua_run_hash, reads_called
 from fairq.store.shared import lua_shared
@@ -213,6 +219,7 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
         reads = reads_called(code)
         # the context this build reads, and only that (a name no context field has fails)
         ordered_context = context_read(code)
+        check_state_fields(code)
     except ValueError as exc:
         raise ScriptLoadError(f"{name}: {exc}") from None
     module = "\n".join(
@@ -224,6 +231,7 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             lua_run_hash(reads),
             *([lua_delivery()] if "delivery_add(" in code else []),
             lua_context_cache(),
+            lua_state_tables(),
             _DIRECTIVE_RE.sub(lambda m: "", prelude),
             *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
         ]

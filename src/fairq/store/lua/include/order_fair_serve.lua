@@ -4,134 +4,159 @@
 -- queues, then over a tenant's keys, under the gates; parking of gated tenants and keys;
 -- the environment's place among its shard's.
 -- Queues whose order is age are served by serve_age.lua even in this build.
+-- Its functions are fields of one table local to one block (only HOOK.serve leaves it):
+-- a library's main chunk may hold at most 200 locals, and nothing else needs these.
 --@require state config runs claim gates serve_age heap order_fair
 
---- How many entries of a tenant's key set a dequeue reads at least (a set this small is
---- read whole: the call then knows when the tenant's last key leaves).
-local KEYS_LOADED = 16
---- A key set this small is scanned for its best key (no heap); so is a bigger one the
---- first time its tenant is served in a call (most tenants are served once per call).
-local KEYS_SCANNED = 16
---- At most this many gather-and-serve rounds per call (each round after the first needs
---- the previous one to have parked something).
-local MAX_ROUNDS = 16
+do
+  -- the engine's functions, as fields of one local (see above)
+  local E = {}
 
--- Raise the floor to `value` (it never decreases).
-local function tenant_floor_raise(X, V, value)
-  local f = X.tfloor[V]
-  if value > f.value then f.value = value end
-end
+  --- How many entries of a tenant's key set a dequeue reads at least (a set this small is
+  --- read whole: the call then knows when the tenant's last key leaves).
+  local KEYS_LOADED = 16
+  --- A key set this small is scanned for its best key (no heap); so is a bigger one the
+  --- first time its tenant is served in a call (most tenants are served once per call).
+  local KEYS_SCANNED = 16
+  --- At most this many gather-and-serve rounds per call (each round after the first needs
+  --- the previous one to have parked something).
+  local MAX_ROUNDS = 16
 
--- Whether this call moved the floor across a tick (or created the state): time to prune
--- and refresh TTLs.
-local function floor_ticked(X, V)
-  local f = X.tfloor[V]
-  return not f.stored or math.floor(f.value / TICK) > math.floor(f.start / TICK)
-end
-
---- A member parked by a cap comes back when one of its slots frees; this long after
---- parking it is also re-checked (so a slot freed where nobody told the order, e.g. by
---- an age-order build in a mixed deploy, cannot keep it out for good).
-local CAP_RECHECK_MS = 30000
-
--- Park a member: 'c:' (held back by a cap; back on a freed slot) or 'd:' (held back
--- by time; back when `due`).
-local function park(X, Q, member, tag, due)
-  redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. exact(tag))
-  redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
-  X.hpark = X.hpark or {}
-  X.hpark[queue_key(Q.B, 'parked_due')] = true
-  if not Q.parked then
-    redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'parked'), 1)
-    Q.parked = true
+  -- Raise the floor to `value` (it never decreases).
+  function E.tenant_floor_raise(X, V, value)
+    local f = X.tfloor[V]
+    if value > f.value then f.value = value end
   end
-  X.parked_now = true
-end
 
-local function park_pair(X, Q, tenant, tag, due)
-  redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant)
-  park(X, Q, 't:' .. tenant, tag, due)
-end
+  -- Whether this call moved the floor across a tick (or created the state): time to prune
+  -- and refresh TTLs.
+  function E.floor_ticked(X, V)
+    local f = X.tfloor[V]
+    return not f.stored or math.floor(f.value / TICK) > math.floor(f.start / TICK)
+  end
 
--- (The caller takes the tenant out of B:tq when this left its key set without keys.)
-local function park_key(X, Q, tenant, flow, tag, due)
-  redis.call('ZREM', tenant_key(Q.B, tenant, 'keys'), flow)
-  park(X, Q, 'k:' .. flow, tag, due)
-end
+  --- A member parked by a cap comes back when one of its slots frees; this long after
+  --- parking it is also re-checked (so a slot freed where nobody told the order, e.g. by
+  --- an age-order build in a mixed deploy, cannot keep it out for good).
+  local CAP_RECHECK_MS = 30000
 
--- How many of the earliest parked members one read looks at (due ones go back; the
--- first time gate still closed gives the wait; cap parks, due only for their re-check,
--- are passed over).
-local DUE_PEEK = 8
-
--- Time-gated tenants and keys whose time has come go back into the order; the next
--- time gate still closed tells the caller when to come back (R.wait).
-local function promote_due(X, Q, R)
-  if not has_park(X, Q) then return end
-  local dk = queue_key(Q.B, 'parked_due')
-  for _ = 1, 8 do
-    local first = redis.call('ZRANGE', dk, 0, DUE_PEEK - 1, 'WITHSCORES')
-    if #first == 0 then
-      -- nothing parked any more: later scripts need not look
-      redis.call('HDEL', env_key(Q.V, 'config'), config_field(Q.name, 'parked'))
-      Q.parked = false
-      X.hpark[dk] = false
-      return
+  -- Park a member: 'c:' (held back by a cap; back on a freed slot) or 'd:' (held back
+  -- by time; back when `due`).
+  function E.park(X, Q, member, tag, due)
+    redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. exact(tag))
+    redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
+    X.hpark = X.hpark or {}
+    X.hpark[queue_key(Q.B, 'parked_due')] = true
+    if not Q.parked then
+      redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'parked'), 1)
+      Q.parked = true
     end
-    local members = {}
-    for i = 1, #first, 2 do members[#members + 1] = first[i] end
-    local values = call_list('HMGET', queue_key(Q.B, 'parked'), members)
-    local all_due = true
-    for i, member in ipairs(members) do
-      local at = tonumber(first[2 * i])
-      if at <= X.now then
-        if values[i] then unpark(X, Q, member, values[i]) else redis.call('ZREM', dk, member) end
-      else
-        all_due = false
-        if values[i] and string.sub(values[i], 1, 2) == 'd:' then
-          wait_until(R, at)
-          return
+    X.parked_now = true
+  end
+
+  function E.park_pair(X, Q, tenant, tag, due)
+    redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant)
+    E.park(X, Q, 't:' .. tenant, tag, due)
+  end
+
+  -- (The caller takes the tenant out of B:tq when this left its key set without keys.)
+  function E.park_key(X, Q, tenant, flow, tag, due)
+    redis.call('ZREM', tenant_key(Q.B, tenant, 'keys'), flow)
+    E.park(X, Q, 'k:' .. flow, tag, due)
+  end
+
+  -- How many of the earliest parked members one read looks at (due ones go back; the
+  -- first time gate still closed gives the wait; cap parks, due only for their re-check,
+  -- are passed over).
+  local DUE_PEEK = 8
+
+  -- Time-gated tenants and keys whose time has come go back into the order; the next
+  -- time gate still closed tells the caller when to come back (R.wait).
+  function E.promote_due(X, Q, R)
+    if not has_park(X, Q) then return end
+    local dk = queue_key(Q.B, 'parked_due')
+    for _ = 1, 8 do
+      local first = redis.call('ZRANGE', dk, 0, DUE_PEEK - 1, 'WITHSCORES')
+      if #first == 0 then
+        -- nothing parked any more: later scripts need not look
+        redis.call('HDEL', env_key(Q.V, 'config'), config_field(Q.name, 'parked'))
+        Q.parked = false
+        X.hpark[dk] = false
+        return
+      end
+      local members = {}
+      for i = 1, #first, 2 do members[#members + 1] = first[i] end
+      local values = call_list('HMGET', queue_key(Q.B, 'parked'), members)
+      local all_due = true
+      for i, member in ipairs(members) do
+        local at = tonumber(first[2 * i])
+        if at <= X.now then
+          if values[i] then unpark(X, Q, member, values[i]) else redis.call('ZREM', dk, member) end
+        else
+          all_due = false
+          if values[i] and string.sub(values[i], 1, 2) == 'd:' then
+            wait_until(R, at)
+            return
+          end
         end
       end
+      if not all_due or #members < DUE_PEEK then return end
     end
-    if not all_due or #members < DUE_PEEK then return end
   end
-end
 
--- ------------------------------------------------------------------ the fair serve
+  -- ------------------------------------------------------------------ the fair serve
 
-local function key_better(a, b)
-  if b == nil then return true end
-  local at, bt = a.tag, b.tag
-  if at ~= bt then return at < bt end
-  at, bt = a.tie, b.tie
-  if at ~= bt then return at < bt end
-  return a.flow < b.flow
-end
+  function E.key_better(a, b)
+    if b == nil then return true end
+    local at, bt = a.tag, b.tag
+    if at ~= bt then return at < bt end
+    at, bt = a.tie, b.tie
+    if at ~= bt then return at < bt end
+    return a.flow < b.flow
+  end
 
--- The fair queues of one environment, served in one SFQ order over (tenant, queue)
--- pairs. `heads` maps a queue name to its ready keyless head (or nil).
-local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
-  local V = env.V
-  local by_id, plist, copies = {}, {}, {} -- copies[i]: the B:tq copy plist[i] came with
-  local ten = {}       -- tenant -> {tag, weight, touched} (false while being read)
-  local touched_tenants = {} -- tenants served in this call, in the order first served
-  local qdone = {}
-  local served = 0
-  local served_of = {} -- B|flow -> runs served this call
-  local loaded = {}    -- the pairs whose key sets this call read
-  local lenders = {}
+  -- ------------------------------------------------------------------ the serve state
 
-  local function pair_at(Q, T)
-    local of_queue = by_id[Q.B]
+  -- A serve state refuses a field it does not declare (a misspelt read would be nil).
+  local SERVE_STATE_META = {
+    __index = function(_, name) error('fair serve: undeclared state field ' .. tostring(name)) end,
+    __newindex = function(_, name)
+      error('fair serve: undeclared state field ' .. tostring(name))
+    end,
+  }
+
+  -- The state of one fair serve: one dequeue call over the fair queues of one environment.
+  -- Every phase below is a function of this record (and of X, the script's state); its
+  -- fields are all declared here, none is nil, and a read or write of any other fails.
+  function E.serve_state(X, env, queues, heads, budget, lease_ms, out, R)
+    return setmetatable({
+      X = X, V = env.V, queues = queues,
+      heads = heads,       -- queue name -> its ready keyless head (or nil)
+      budget = budget, lease_ms = lease_ms, out = out, R = R,
+      by_id = {},          -- B -> tenant -> its pair {Q, T, tie, active, ten, keys...}
+      plist = {},          -- the pairs, in the order found
+      copies = {},         -- copies[i]: the B:tq copy of its tag plist[i] came with
+      ten = {},            -- tenant -> {tag, weight, touched} (false while being read)
+      touched = {},        -- tenants served in this call, in the order first served
+      qdone = {},          -- B -> true: the queue serves no more in this call
+      served = 0,          -- runs claimed so far
+      served_of = {},      -- B|flow -> runs claimed in this call (for max_per_key)
+      loaded = {},         -- the pairs whose key sets this call read
+      lenders = {},        -- {p, flow, kc} held back by a cap of a queue that lends
+      heap = false,        -- the active pairs by (tenant tag, tie, names); see serve_round
+    }, SERVE_STATE_META)
+  end
+
+  function E.pair_at(F, Q, T)
+    local of_queue = F.by_id[Q.B]
     return of_queue and of_queue[T]
   end
 
-  local function pair_of(Q, T, copy)
-    local of_queue = by_id[Q.B]
+  function E.pair_of(F, Q, T, copy)
+    local of_queue = F.by_id[Q.B]
     if of_queue == nil then
       of_queue = {}
-      by_id[Q.B] = of_queue
+      F.by_id[Q.B] = of_queue
     end
     local p = of_queue[T]
     if p == nil then
@@ -139,16 +164,16 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
         simple = false, picks = 0}
       of_queue[T] = p
-      local i = #plist + 1
-      plist[i] = p
-      copies[i] = copy
+      local i = #F.plist + 1
+      F.plist[i] = p
+      F.copies[i] = copy
     end
     return p
   end
 
   -- A ready head the discovery found in flow `flow` of pair p (kept per flow only where
   -- a pair can hold several flows: a queue with named tenants).
-  local function note_head(p, flow, score)
+  function E.note_head(p, flow, score)
     if p.Q.named then
       local disc = p.disc
       if disc == nil then
@@ -160,9 +185,97 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     if score < p.tie then p.tie = score end
   end
 
-  -- Give new pairs their tenant record: authoritative tag (V:tt, else the copy; never
-  -- below the floor) and weight.
-  local function attach_tenants(first)
+  function E.drop_pair(p)
+    p.active = false
+    p.dropped = true
+    redis.call('ZREM', queue_key(p.Q.B, 'ready_tenants'), p.T)
+  end
+
+  -- Whether every key of a pair's (fully loaded) key set left it in this call.
+  function E.pair_emptied(X, p)
+    if not p.complete or (X.kadded and X.kadded[p.Q.B .. '|' .. p.T]) then return false end
+    for _, k in ipairs(p.keys) do
+      if not k.gone then return false end
+    end
+    return true
+  end
+
+  -- ------------------------------------------------------------------ phase: gather
+
+  -- Whether queue Q can serve in this call (its total cap and queue rate leave room).
+  function E.queue_open(F, Q)
+    local X, R = F.X, F.R
+    if F.qdone[Q.B] or Q.paused then return false end
+    if total_room(X, Q) <= 0 then
+      R.gated = true
+      F.qdone[Q.B] = true
+    elseif Q.rate then
+      local whole, at = bucket_peek(X, bucket(X, Q, 'q', Q.rate, Q.rate_burst))
+      if whole <= 0 then
+        wait_until(R, at)
+        F.qdone[Q.B] = true
+      end
+    end
+    return not F.qdone[Q.B]
+  end
+
+  -- The queue's longest-waiting ready heads, and its keyless head: the flows and their
+  -- heads (whatever their names: a flow nothing registered, after a cold start or an
+  -- age-order enqueue, is found here).
+  function E.discover_heads(F, Q, width)
+    local X = F.X
+    ck_index_flush(X)
+    local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
+      'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * F.budget))
+    local flows, found = {}, {} -- found[i]: the head of flows[i]
+    for i = 1, #disc, 2 do
+      local j = #flows + 1
+      flows[j] = disc[i]
+      found[j] = tonumber(disc[i + 1])
+    end
+    if F.heads[Q.name] ~= nil then
+      local j = #flows + 1
+      flows[j] = KEYLESS_FLOW
+      found[j] = F.heads[Q.name]
+    end
+    return flows, found
+  end
+
+  -- Discovered flows whose pair is not a candidate yet: registered by the join rules
+  -- (unless parked), then candidates.
+  function E.adopt_discovered(F, Q, flows, found)
+    local X = F.X
+    local unknown, unknown_at = {}, {}
+    for i, flow in ipairs(flows) do
+      local T = default_tenant(Q.name, flow)
+      local p = E.pair_at(F, Q, T)
+      if p == nil then
+        unknown[#unknown + 1] = T
+        unknown_at[#unknown_at + 1] = i
+      else
+        E.note_head(p, flow, found[i])
+      end
+    end
+    if #unknown == 0 then return end
+    local scores = call_list('ZMSCORE', queue_key(Q.B, 'ready_tenants'), unknown)
+    for i, T in ipairs(unknown) do
+      local at = unknown_at[i]
+      local flow = flows[at]
+      local score = tonumber(scores[i])
+      if score == nil and not is_parked(X, Q, 'k:' .. flow) and not is_parked(X, Q, 't:' .. T) then
+        if flow_tenant(flow) then register_key(X, Q, T, flow) end
+        register_pair(X, Q, T)
+        score = tonumber(redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), T))
+      end
+      if score ~= nil then E.note_head(E.pair_of(F, Q, T, score), flow, found[at]) end
+    end
+  end
+
+  -- The tenant records of the pairs from `first` on: authoritative tag (V:tt, else the
+  -- copy; never below the floor) and weight (its own, else, for a key serving as its own
+  -- tenant, the key's weight in its queue, else 1).
+  function E.attach_tenants(F, first)
+    local X, V, plist, ten = F.X, F.V, F.plist, F.ten
     local names, weighted = {}, false
     for i = first, #plist do
       local p = plist[i]
@@ -182,14 +295,12 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         floor_load(X, V, auth[n + 1])
         names[n + 1] = nil
       end
-      local weights = tenant_weights(X, V, queues[1], names, {})
+      local weights = tenant_weights(X, V, F.queues[1], names, {})
       for i, T in ipairs(names) do
         ten[T] = {tag = tonumber(auth[i]), weight = weights[T], touched = false}
       end
     end
-    local floor = tenant_floor(X, V)
     if weighted then
-      -- a key serving as its own tenant: its weight in the queue is the tenant's
       local by_queue = {}
       for i = first, #plist do
         local p = plist[i]
@@ -207,115 +318,49 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
         end
       end
     end
+    local floor = tenant_floor(X, V)
     for i = first, #plist do
       local p = plist[i]
       local t = ten[p.T]
-      if t.tag == nil then t.tag = copies[i] end
+      if t.tag == nil then t.tag = F.copies[i] end
       if t.tag < floor then t.tag = floor end
       if t.weight == nil then t.weight = 1 end
       p.ten = t
     end
   end
 
-  -- Gather one round of candidates; returns how many new pairs it found.
-  local function gather()
-    local before = #plist
-    for _, Q in ipairs(queues) do
-      if not qdone[Q.B] and not Q.paused then
-        if total_room(X, Q) <= 0 then
-          R.gated = true
-          qdone[Q.B] = true
-        elseif Q.rate then
-          local whole, at = bucket_peek(X, bucket(X, Q, 'q', Q.rate, Q.rate_burst))
-          if whole <= 0 then
-            wait_until(R, at)
-            qdone[Q.B] = true
-          end
-        end
-      end
-      if not qdone[Q.B] and not Q.paused then
-        promote_due(X, Q, R)
-        local width = budget * Q.window
-        local win = redis.call('ZRANGE', queue_key(Q.B, 'ready_tenants'), 0, width - 1, 'WITHSCORES')
-        for i = 1, #win, 2 do pair_of(Q, win[i], tonumber(win[i + 1])) end
-        -- discovery: the longest-waiting ready heads are always candidates (whatever their
-        -- names), and a flow nothing registered (cold start, an age-order enqueue) is
-        -- registered here, by the join rules
-        ck_index_flush(X)
-        local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
-          'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * budget))
-        local flows, found = {}, {} -- found[i]: the head of flows[i]
-        for i = 1, #disc, 2 do
-          local j = #flows + 1
-          flows[j] = disc[i]
-          found[j] = tonumber(disc[i + 1])
-        end
-        if heads[Q.name] ~= nil then
-          local j = #flows + 1
-          flows[j] = KEYLESS_FLOW
-          found[j] = heads[Q.name]
-        end
-        local unknown, unknown_at = {}, {}
-        for i, flow in ipairs(flows) do
-          local T = default_tenant(Q.name, flow)
-          local p = pair_at(Q, T)
-          if p == nil then
-            unknown[#unknown + 1] = T
-            unknown_at[#unknown_at + 1] = i
-          else
-            note_head(p, flow, found[i])
-          end
-        end
-        if #unknown > 0 then
-          local scores = call_list('ZMSCORE', queue_key(Q.B, 'ready_tenants'), unknown)
-          for i, T in ipairs(unknown) do
-            local at = unknown_at[i]
-            local flow = flows[at]
-            local score = tonumber(scores[i])
-            if score == nil and not is_parked(X, Q, 'k:' .. flow)
-                and not is_parked(X, Q, 't:' .. T) then
-              if flow_tenant(flow) then register_key(X, Q, T, flow) end
-              register_pair(X, Q, T)
-              score = tonumber(redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), T))
-            end
-            if score ~= nil then
-              local p = pair_of(Q, T, score)
-              note_head(p, flow, found[at])
-            end
-          end
-        end
+  -- Phase 1: one round of candidates from every open queue (the lowest budget x window
+  -- copies of B:tq, and the discovered heads), with their tenants. Returns how many new
+  -- pairs it found.
+  function E.gather(F)
+    local before = #F.plist
+    for _, Q in ipairs(F.queues) do
+      if E.queue_open(F, Q) then
+        E.promote_due(F.X, Q, F.R)
+        local width = F.budget * Q.window
+        local win = redis.call('ZRANGE', queue_key(Q.B, 'ready_tenants'), 0, width - 1,
+          'WITHSCORES')
+        for i = 1, #win, 2 do E.pair_of(F, Q, win[i], tonumber(win[i + 1])) end
+        E.adopt_discovered(F, Q, E.discover_heads(F, Q, width))
       end
     end
-    if #plist > before then attach_tenants(before + 1) end
-    return #plist - before
+    if #F.plist > before then E.attach_tenants(F, before + 1) end
+    return #F.plist - before
   end
 
-  local function drop_pair(p)
-    p.active = false
-    p.dropped = true
-    redis.call('ZREM', queue_key(p.Q.B, 'ready_tenants'), p.T)
-  end
-
-  -- Whether every key of a pair's (fully loaded) key set left it in this call.
-  local function pair_emptied(p)
-    if not p.complete or (X.kadded and X.kadded[p.Q.B .. '|' .. p.T]) then return false end
-    for _, k in ipairs(p.keys) do
-      if not k.gone then return false end
-    end
-    return true
-  end
+  -- ------------------------------------------------------------------ keys of a pair
 
   -- The flows of a pair (loaded on first use): simple, or its key set. Each key is a
   -- record {flow, tag, tie, active, weight} (and gone / touched once set).
-  local function load_keys(p)
+  function E.load_keys(F, p)
     if p.keys ~= nil or p.simple then return end
-    local Q = p.Q
+    local X, Q = F.X, p.Q
     if not Q.named then
       p.simple = true
       return
     end
     local kk = tenant_key(Q.B, p.T, 'keys')
-    local width = math.max(budget + 8, KEYS_LOADED)
+    local width = math.max(F.budget + 8, KEYS_LOADED)
     local entries = redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
     local n = #entries
     if n == 0 then
@@ -371,9 +416,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       for j = 1, nk do keys[j].weight = tonumber(raw[j]) or 1 end
     end
     p.keys, p.kf = keys, kf
-    loaded[#loaded + 1] = p
+    F.loaded[#F.loaded + 1] = p
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
-    if nk == 0 and pair_emptied(p) then drop_pair(p) end
+    if nk == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
   end
 
   -- A pair's best active key and the next best. A key set of at most KEYS_SCANNED keys is
@@ -382,7 +427,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   -- one has a heap, built then from its keys as they are, from which the best key is
   -- taken out (the serve loop puts it back while it stays active). A key that turned
   -- inactive is dropped from the heap when it comes up.
-  local function best_key(p)
+  function E.best_key(p)
     local keys = p.keys
     local n = #keys
     p.picks = p.picks + 1
@@ -391,9 +436,9 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
       for j = 1, n do
         local k = keys[j]
         if k.active then
-          if key_better(k, best) then
+          if E.key_better(k, best) then
             best, second = k, best
-          elseif key_better(k, second) then
+          elseif E.key_better(k, second) then
             second = k
           end
         end
@@ -402,7 +447,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
     local h = p.kheap
     if h == nil then
-      h = heap_new(key_better)
+      h = heap_new(E.key_better)
       for _, k in ipairs(p.keys) do
         if k.active then heap_push(h, k) end
       end
@@ -417,8 +462,8 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   -- The least `tie` (longest-waiting known head) of a pair's active keys: scanned in a
   -- small key set or at the pair's first pick, else from a heap of {key, tie} snapshots
   -- (one is stale once its key turned inactive or moved its tie).
-  local function tie_less(a, b) return a.tie < b.tie end
-  local function keys_tie(p, moved)
+  function E.tie_less(a, b) return a.tie < b.tie end
+  function E.keys_tie(p, moved)
     local keys = p.keys
     local n = #keys
     if n <= KEYS_SCANNED or p.picks == 1 then
@@ -434,7 +479,7 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     end
     local h = p.tieheap
     if h == nil then
-      h = heap_new(tie_less)
+      h = heap_new(E.tie_less)
       for _, k in ipairs(p.keys) do
         if k.active then heap_push(h, {k = k, tie = k.tie}) end
       end
@@ -446,15 +491,80 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
     return h.n > 0 and h[1].tie or math.huge
   end
 
-  -- Serve `got` runs just claimed for pair p (and key kc): advance the tags.
-  local function advance(p, kc, got)
+  -- ------------------------------------------------------------------ the pair heap
+
+  -- The active pairs are in a heap by (tenant tag, tie, names), each at most once. A pair
+  -- carries the key it was pushed with (hk, ht); one whose key moved since (its tenant
+  -- was served through another queue) goes back in with its current key when it comes up.
+  function E.pair_less(a, b)
+    local x, y = a.hk, b.hk
+    if x ~= y then return x < y end
+    x, y = a.ht, b.ht
+    if x ~= y then return x < y end
+    x, y = a.T, b.T
+    if x ~= y then return x < y end
+    return a.Q.name < b.Q.name
+  end
+
+  function E.keyed(p)
+    p.hk, p.ht = p.ten.tag, p.tie
+    return p
+  end
+
+  function E.live(F, p)
+    return p.active and not F.qdone[p.Q.B]
+  end
+
+  function E.fresh(p)
+    return p.hk == p.ten.tag and p.ht == p.tie
+  end
+
+  function E.pop_best(F)
+    local heap = F.heap
+    while true do
+      local p = heap_pop(heap)
+      if p == nil then return nil end
+      if E.live(F, p) then
+        if E.fresh(p) then return p end
+        heap_push(heap, E.keyed(p))
+      end
+    end
+  end
+
+  -- The best pair of another tenant than T, left in the heap.
+  function E.peek_other(F, T)
+    local heap = F.heap
+    local top = heap[1]
+    if top ~= nil and top.T ~= T and E.live(F, top) and E.fresh(top) then return top end
+    local held, found = {}, nil
+    while found == nil do
+      local p = heap_pop(heap)
+      if p == nil then break end
+      if E.live(F, p) then
+        if not E.fresh(p) then
+          heap_push(heap, E.keyed(p))
+        else
+          held[#held + 1] = p
+          if p.T ~= T then found = p end
+        end
+      end
+    end
+    for _, p in ipairs(held) do heap_push(heap, p) end
+    return found
+  end
+
+  -- ------------------------------------------------------------------ phase: serve a round
+
+  -- Serve `got` runs just claimed for pair p (and key kc): advance the tenant's tag (and
+  -- the environment's floor) and the key's tag inside the tenant (and its key floor).
+  function E.advance(F, p, kc, got)
     local step = p.Q.quantum / p.ten.weight
     local start = p.ten.tag
-    tenant_floor_raise(X, V, start + (got - 1) * step)
+    E.tenant_floor_raise(F.X, F.V, start + (got - 1) * step)
     p.ten.tag = start + got * step
     if not p.ten.touched then
       p.ten.touched = true
-      touched_tenants[#touched_tenants + 1] = p.T
+      F.touched[#F.touched + 1] = p.T
     end
     if kc ~= nil then
       local kstep = p.Q.quantum / kc.weight
@@ -469,326 +579,321 @@ local function fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
   end
 
   -- Whether the cap that holds a flow back counts slots it holds (else none can free).
-  local function holds_slot(Q, flow, tenant, named, why)
+  function E.holds_slot(X, Q, flow, tenant, named, why)
     if why == 'tenant' and named then
       return tenant_running(X, Q.B, Q.V, Q.env_id, Q.name, tenant) > 0
     end
     return flow_running(X, Q, flow) > 0
   end
 
-  -- The active pairs in a heap by (tenant tag, tie, names), each at most once. A pair
-  -- carries the key it was pushed with (hk, ht); one whose key moved since (its tenant
-  -- was served through another queue) goes back in with its current key when it comes up.
-  local heap
-  local function keyed(p)
-    p.hk, p.ht = p.ten.tag, p.tie
-    return p
-  end
-  local function live(p)
-    return p.active and not qdone[p.Q.B]
-  end
-  local function fresh(p)
-    return p.hk == p.ten.tag and p.ht == p.tie
-  end
-  local function pop_best()
-    while true do
-      local p = heap_pop(heap)
-      if p == nil then return nil end
-      if live(p) then
-        if fresh(p) then return p end
-        heap_push(heap, keyed(p))
-      end
+  -- Key kc of pair p leaves its tenant's key set for this call (drained, or parked until
+  -- `due` / a freed slot when `park_why` is set); the pair leaves the candidates with it
+  -- when it was the last key.
+  function E.key_leaves(F, p, kc, park_why, due)
+    kc.active = false
+    kc.gone = true
+    if park_why then
+      E.park_key(F.X, p.Q, p.T, kc.flow, kc.tag, due)
+    else
+      redis.call('ZREM', tenant_key(p.Q.B, p.T, 'keys'), kc.flow)
     end
-  end
-  -- The best pair of another tenant than T, left in the heap.
-  local function peek_other(T)
-    local top = heap[1]
-    if top ~= nil and top.T ~= T and live(top) and fresh(top) then return top end
-    local held, found = {}, nil
-    while found == nil do
-      local p = heap_pop(heap)
-      if p == nil then break end
-      if live(p) then
-        if not fresh(p) then
-          heap_push(heap, keyed(p))
-        else
-          held[#held + 1] = p
-          if p.T ~= T then found = p end
-        end
-      end
-    end
-    for _, p in ipairs(held) do heap_push(heap, p) end
-    return found
+    if E.pair_emptied(F.X, p) then E.drop_pair(p) end
   end
 
-  -- The SFQ loop over the active pairs.
-  local function serve_pairs()
-    -- pairs compare by their tenant's tag, then the longest-waiting head they are known
-    -- to hold (discovery), then names (only to break a tie of equal heads)
-    heap = heap_new(function(a, b)
-      local x, y = a.hk, b.hk
-      if x ~= y then return x < y end
-      x, y = a.ht, b.ht
-      if x ~= y then return x < y end
-      x, y = a.T, b.T
-      if x ~= y then return x < y end
-      return a.Q.name < b.Q.name
-    end)
-    for _, c in ipairs(plist) do
-      if live(c) then heap_push(heap, keyed(c)) end
+  -- The flow of pair p (key kc) may not start now (`why`, and when a rate allows it
+  -- again): park what is held back, or leave it out of this call.
+  function E.hold_back(F, p, kc, flow, named, why, next_at)
+    local Q = p.Q
+    if why == 'total' or why == 'rate:queue' then
+      F.qdone[Q.B] = true
+    elseif (why == 'key' or why == 'tenant')
+        and not E.holds_slot(F.X, Q, flow, p.T, named, why) then
+      -- a cap at or below 0 holds it back: no slot of it can free, so it is not parked
+      -- (it waits for a settings change); this call skips it
+      if kc ~= nil and why == 'key' then kc.active = false else p.active = false end
+    elseif why == 'key' and not p.simple then
+      E.key_leaves(F, p, kc, why, nil)
+      if Q.borrow then F.lenders[#F.lenders + 1] = {p = p, flow = flow, kc = kc} end
+    elseif why == 'key' or why == 'tenant' then
+      p.active = false
+      E.park_pair(F.X, Q, p.T, p.ten.tag, nil)
+      if Q.borrow then F.lenders[#F.lenders + 1] = {p = p, flow = flow, kc = kc} end
+    elseif why == 'rate:tenant' or (why == 'rate:key' and p.simple) then
+      p.active = false
+      E.park_pair(F.X, Q, p.T, p.ten.tag, next_at)
+    elseif why == 'rate:key' then
+      E.key_leaves(F, p, kc, why, next_at)
+    elseif kc ~= nil then
+      kc.active = false -- this key had its share of the call (max_per_key)
+    else
+      p.active = false
     end
-    while served < budget do
-      local p = pop_best()
-      if p == nil then break end
-      local second = peek_other(p.T)
-      local Q = p.Q
-      load_keys(p)
-      local flow, kc, kc2
-      if p.simple then
-        flow = string.sub(p.T, 1, 1) == '/' and KEYLESS_FLOW or p.T
+  end
+
+  -- How many runs pair p (key kc) takes before its start tag passes the next tenant's
+  -- (`second`) or, inside the tenant, the next key's (`kc2`), at most `take`. A tie is
+  -- settled by the next pick, with the new heads.
+  function E.run_length(p, kc, kc2, second, take)
+    local run = take
+    local step = p.Q.quantum / p.ten.weight
+    if second ~= nil then
+      local k = math.max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
+      if k < run then run = k end
+    end
+    if kc ~= nil and kc2 ~= nil then
+      local kstep = p.Q.quantum / kc.weight
+      local k = math.max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
+      if k < run then run = k end
+    end
+    return run
+  end
+
+  -- Claim `run` runs of pair p's flow (key kc), advance the tags, and settle what the
+  -- flow's new head says: drained, only future runs (parked until due), or more to serve.
+  function E.serve_flow(F, p, kc, flow, run, buckets, sid)
+    local X, Q = F.X, p.Q
+    local got, head = claim(X, Q, flow, run, F.lease_ms, F.out)
+    took(X, Q, flow, buckets, got)
+    if got > 0 then
+      F.served = F.served + got
+      if sid then F.served_of[sid] = (F.served_of[sid] or 0) + got end
+      E.advance(F, p, kc, got)
+      -- its new head competes from now on
+      if kc ~= nil then
+        kc.tie = head or math.huge
+        p.tie = E.keys_tie(p, kc) -- over its active keys, this one included
       else
-        kc, kc2 = best_key(p)
-        if kc ~= nil then flow = kc.flow end
+        p.tie = head or math.huge
       end
-      if flow == nil then
-        -- nothing left in this pair in this call (drained, or every key held back)
+    end
+    if head == nil then -- the flow drained
+      if kc ~= nil then E.key_leaves(F, p, kc, nil, nil) else E.drop_pair(p) end
+    elseif head > X.now then -- only future runs left: out of the order until they are due
+      wait_until(F.R, head)
+      if kc ~= nil then
+        E.key_leaves(F, p, kc, 'due', head)
+      else
         p.active = false
-      else
-        local named = flow_tenant(flow) ~= nil
-        -- runs of this flow served in this call count against max_per_key (when set)
-        local sid = Q.max_per_key and (Q.B .. '|' .. flow)
-        local room = budget - served
-        if sid then room = math.min(room, Q.max_per_key - (served_of[sid] or 0)) end
-        local take, buckets, why, next_at = flow_allowance(X, Q, flow, p.T, named, room, R,
-          false)
-        if take <= 0 then
-          if why == 'total' or why == 'rate:queue' then
-            qdone[Q.B] = true
-          elseif (why == 'key' or why == 'tenant') and not holds_slot(Q, flow, p.T, named, why) then
-            -- a cap at or below 0 holds it back: no slot of it can free, so it is not
-            -- parked (it waits for a settings change); this call skips it
-            if kc ~= nil and why == 'key' then kc.active = false else p.active = false end
-          elseif why == 'key' and not p.simple then
-            kc.active = false
-            kc.gone = true
-            park_key(X, Q, p.T, flow, kc.tag, nil)
-            if pair_emptied(p) then drop_pair(p) end
-            if Q.borrow then lenders[#lenders + 1] = {p = p, flow = flow, kc = kc} end
-          elseif why == 'key' or why == 'tenant' then
-            p.active = false
-            park_pair(X, Q, p.T, p.ten.tag, nil)
-            if Q.borrow then lenders[#lenders + 1] = {p = p, flow = flow, kc = kc} end
-          elseif why == 'rate:tenant' or (why == 'rate:key' and p.simple) then
-            p.active = false
-            park_pair(X, Q, p.T, p.ten.tag, next_at)
-          elseif why == 'rate:key' then
-            kc.active = false
-            kc.gone = true
-            park_key(X, Q, p.T, flow, kc.tag, next_at)
-            if pair_emptied(p) then drop_pair(p) end
-          elseif kc ~= nil then
-            kc.active = false -- this key had its share of the call (max_per_key)
-          else
-            p.active = false
-          end
-        else
-          -- SFQ inside the call: serve this pair while its start tag stays below the
-          -- next tenant's (a tie is settled by the next pick, with the new heads)
-          local run = take
-          local step = Q.quantum / p.ten.weight
-          if second ~= nil then
-            local k = math.max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
-            if k < run then run = k end
-          end
-          if kc ~= nil and kc2 ~= nil then
-            local kstep = Q.quantum / kc.weight
-            local k = math.max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
-            if k < run then run = k end
-          end
-          local got, head = claim(X, Q, flow, run, lease_ms, out)
-          took(X, Q, flow, buckets, got)
-          if got > 0 then
-            served = served + got
-            if sid then served_of[sid] = (served_of[sid] or 0) + got end
-            advance(p, kc, got)
-            -- its new head competes from now on
-            if kc ~= nil then
-              kc.tie = head or math.huge
-              p.tie = keys_tie(p, kc) -- over its active keys, this one included
-            else
-              p.tie = head or math.huge
-            end
-          end
-          if head == nil then
-            -- the flow drained
-            if kc ~= nil then
-              kc.active = false
-              kc.gone = true
-              redis.call('ZREM', tenant_key(Q.B, p.T, 'keys'), flow)
-              if pair_emptied(p) then drop_pair(p) end
-            else
-              drop_pair(p)
-            end
-          elseif head > X.now then
-            -- only future runs left: out of the order until they are due
-            wait_until(R, head)
-            if kc ~= nil then
-              kc.active = false
-              kc.gone = true
-              park_key(X, Q, p.T, flow, kc.tag, head)
-              if pair_emptied(p) then drop_pair(p) end
-            else
-              p.active = false
-              park_pair(X, Q, p.T, p.ten.tag, head)
-            end
-          elseif got == 0 then
-            if kc ~= nil then kc.active = false else p.active = false end
-          end
-        end
+        E.park_pair(X, Q, p.T, p.ten.tag, head)
       end
+    elseif got == 0 then
+      if kc ~= nil then kc.active = false else p.active = false end
+    end
+  end
+
+  -- One pick: the best pair's best flow, served (or held back) under the gates.
+  function E.serve_pick(F, p, second)
+    local Q = p.Q
+    E.load_keys(F, p)
+    local flow, kc, kc2
+    if p.simple then
+      flow = string.sub(p.T, 1, 1) == '/' and KEYLESS_FLOW or p.T
+    else
+      kc, kc2 = E.best_key(p)
+      if kc ~= nil then flow = kc.flow end
+    end
+    if flow == nil then
+      -- nothing left in this pair in this call (drained, or every key held back)
+      p.active = false
+      return kc
+    end
+    local named = flow_tenant(flow) ~= nil
+    -- runs of this flow served in this call count against max_per_key (when set)
+    local sid = Q.max_per_key and (Q.B .. '|' .. flow)
+    local room = F.budget - F.served
+    if sid then room = math.min(room, Q.max_per_key - (F.served_of[sid] or 0)) end
+    local take, buckets, why, next_at = flow_allowance(F.X, Q, flow, p.T, named, room, F.R,
+      false)
+    if take <= 0 then
+      E.hold_back(F, p, kc, flow, named, why, next_at)
+    else
+      E.serve_flow(F, p, kc, flow, E.run_length(p, kc, kc2, second, take), buckets, sid)
+    end
+    return kc
+  end
+
+  -- Phase 2: the SFQ loop over the active pairs, until the budget is spent or nobody is
+  -- left.
+  function E.serve_round(F)
+    F.heap = heap_new(E.pair_less)
+    for _, c in ipairs(F.plist) do
+      if E.live(F, c) then heap_push(F.heap, E.keyed(c)) end
+    end
+    while F.served < F.budget do
+      local p = E.pop_best(F)
+      if p == nil then break end
+      local kc = E.serve_pick(F, p, E.peek_other(F, p.T))
       -- the key taken from the pair's key heap goes back while it is still active
       if kc ~= nil and kc.active and p.kheap then heap_push(p.kheap, kc) end
       -- still in play (another of its keys, or its next runs): back in with its new tag
-      if live(p) then heap_push(heap, keyed(p)) end
+      if E.live(F, p) then heap_push(F.heap, E.keyed(p)) end
     end
   end
 
-  -- a round that parks gated candidates may uncover others behind them: gather again
-  -- while rounds park (bounded), so keys at their cap cannot hide servable ones
-  local parked_any = false
-  for round = 1, MAX_ROUNDS do
-    X.parked_now = false
-    if gather() == 0 and round > 1 then break end
-    serve_pairs()
-    parked_any = parked_any or X.parked_now
-    if served >= budget or not X.parked_now then break end
-  end
-  -- still nothing served but candidates were parked: more may lie behind them, so the
-  -- caller should come back at once rather than sleep
-  if served == 0 and parked_any then wait_until(R, X.now) end
+  -- ------------------------------------------------------------------ phases: borrow, write back
 
-  -- borrowing: capped keys and tenants may take slots nobody else of the queue can use
-  for _, l in ipairs(lenders) do
-    if served >= budget then break end
-    local p, flow = l.p, l.flow
-    local Q = p.Q
-    local named = flow_tenant(flow) ~= nil
-    local take, buckets = flow_allowance(X, Q, flow, p.T, named, budget - served, R, true)
-    if take > 0 then
-      local got = claim(X, Q, flow, take, lease_ms, out)
-      took(X, Q, flow, buckets, got)
-      if got > 0 then
-        served = served + got
-        advance(p, l.kc, got)
+  -- Phase 3, borrowing: capped keys and tenants (F.lenders) may take slots nobody else of
+  -- the queue can use now; never preempts.
+  function E.borrow_idle_slots(F)
+    local X = F.X
+    for _, l in ipairs(F.lenders) do
+      if F.served >= F.budget then break end
+      local p, flow = l.p, l.flow
+      local Q = p.Q
+      local named = flow_tenant(flow) ~= nil
+      local take, buckets = flow_allowance(X, Q, flow, p.T, named, F.budget - F.served, F.R, true)
+      if take > 0 then
+        local got = claim(X, Q, flow, take, F.lease_ms, F.out)
+        took(X, Q, flow, buckets, got)
+        if got > 0 then
+          F.served = F.served + got
+          E.advance(F, p, l.kc, got)
+        end
       end
     end
   end
 
-  -- write the tags back: V:tt (authoritative, with the floor), the copies in B:tq, key
-  -- sets, key floors. TTLs are refreshed (and tags the floor passed pruned) on a tick.
-  local f = X.tfloor and X.tfloor[V]
-  if f == nil then return served end -- no candidate: nothing was read or changed
-  local tick = floor_ticked(X, V)
-  local tt = env_key(V, 'tenant_tags')
-  local tt_args, by_queue = {}, {}
-  for _, T in ipairs(touched_tenants) do
-    tt_args[#tt_args + 1] = ten[T].tag
-    tt_args[#tt_args + 1] = T
-  end
-  if #tt_args > 0 or f.value > f.start or not f.stored then
-    tt_args[#tt_args + 1] = f.value
-    tt_args[#tt_args + 1] = FLOOR_MEMBER
-    call_chunked('ZADD', tt, tt_args)
-  end
-  if tick then
-    redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
-    redis.call('EXPIRE', tt, X.C.state_ttl)
-  end
-  for _, p in ipairs(plist) do
-    if p.ten.touched and not p.dropped then
-      local args = by_queue[p.Q.B] or {}
-      by_queue[p.Q.B] = args
-      args[#args + 1] = p.ten.tag
-      args[#args + 1] = p.T
+  -- The tenants' tags: V:tt (authoritative, with the floor), the copies in B:tq.
+  function E.write_tenant_tags(F, tick)
+    local X, V = F.X, F.V
+    local f = X.tfloor[V]
+    local tt = env_key(V, 'tenant_tags')
+    local tt_args, by_queue = {}, {}
+    for _, T in ipairs(F.touched) do
+      tt_args[#tt_args + 1] = F.ten[T].tag
+      tt_args[#tt_args + 1] = T
     end
-  end
-  for B, args in pairs(by_queue) do
-    call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
-    if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
-  end
-  for _, p in ipairs(loaded) do
-    -- the keys still in the set (not drained or parked in this call), and its floor
-    local args = {}
-    for _, k in ipairs(p.keys) do
-      if k.touched and not k.gone then
-        args[#args + 1] = k.tag
-        args[#args + 1] = k.flow
+    if #tt_args > 0 or f.value > f.start or not f.stored then
+      tt_args[#tt_args + 1] = f.value
+      tt_args[#tt_args + 1] = FLOOR_MEMBER
+      call_chunked('ZADD', tt, tt_args)
+    end
+    if tick then
+      redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
+      redis.call('EXPIRE', tt, X.C.state_ttl)
+    end
+    for _, p in ipairs(F.plist) do
+      if p.ten.touched and not p.dropped then
+        local args = by_queue[p.Q.B] or {}
+        by_queue[p.Q.B] = args
+        args[#args + 1] = p.ten.tag
+        args[#args + 1] = p.T
       end
     end
-    local kf = p.kf
-    if kf.dirty then
-      args[#args + 1] = kf.value
-      args[#args + 1] = FLOOR_MEMBER
-      kf.dirty = false
-    end
-    if #args > 0 then
-      local kk = tenant_key(p.Q.B, p.T, 'keys')
-      call_chunked('ZADD', kk, args)
-      if tick then redis.call('EXPIRE', kk, X.C.state_ttl) end
+    for B, args in pairs(by_queue) do
+      call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
+      if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
     end
   end
-  return served
-end
 
--- The environment's place in the fair order across the environments of its shard.
--- (Only for dequeues that chose this environment among the shard's: a dequeue limited
--- to one environment, a worker's, does not compete with the others.) The shard's
--- environment virtual time is the member '~floor' of T:etag.
-local function env_charge(X, env, served)
-  if served <= 0 or not X.charge_env then return end
-  local etag = shard_key(X.tag, 'env_tags')
-  local got = redis.call('ZMSCORE', etag, env.env_id, FLOOR_MEMBER)
-  local floor = tonumber(got[2]) or 0
-  local tag = tonumber(got[1]) or floor
-  if tag < floor then tag = floor end
-  local weight = tonumber(redis.call('HGET', shard_key(X.tag, 'env_weights'), env.env_id)) or 1
-  redis.call('ZADD', etag, tag + served / weight, env.env_id, math.max(floor, tag), FLOOR_MEMBER)
-  redis.call('EXPIRE', etag, X.C.state_ttl)
-end
+  -- The key sets read in this call: the keys still in them (not drained or parked), and
+  -- their floors.
+  function E.write_key_tags(F, tick)
+    for _, p in ipairs(F.loaded) do
+      local args = {}
+      for _, k in ipairs(p.keys) do
+        if k.touched and not k.gone then
+          args[#args + 1] = k.tag
+          args[#args + 1] = k.flow
+        end
+      end
+      local kf = p.kf
+      if kf.dirty then
+        args[#args + 1] = kf.value
+        args[#args + 1] = FLOOR_MEMBER
+        kf.dirty = false
+      end
+      if #args > 0 then
+        local kk = tenant_key(p.Q.B, p.T, 'keys')
+        call_chunked('ZADD', kk, args)
+        if tick then redis.call('EXPIRE', kk, F.X.C.state_ttl) end
+      end
+    end
+  end
 
--- Serve the ready heads of one environment: the fair queues together in one SFQ order
--- (placed where their oldest head is), the age-order queues as in the age order.
-HOOK.serve = function(X, env, by_name, ready, budget, lease_ms, out, R)
-  local served, lenders = 0, {}
-  local fair, seen, heads = {}, {}, {}
-  for _, entry in ipairs(ready) do
-    local Q = by_name[entry.queue]
-    if Q.order == 'fair' then
-      if not seen[Q.name] then
-        seen[Q.name] = true
-        fair[#fair + 1] = Q
-      end
-      if entry.kind == KIND_QUEUE then heads[Q.name] = entry.score end
+  -- Phase 4: write the tags back. TTLs are refreshed (and tags the floor passed pruned)
+  -- when the floor crossed a tick.
+  function E.write_back(F)
+    local X = F.X
+    if X.tfloor == nil or X.tfloor[F.V] == nil then return end -- no candidate: nothing read
+    local tick = E.floor_ticked(X, F.V)
+    E.write_tenant_tags(F, tick)
+    E.write_key_tags(F, tick)
+  end
+
+  -- The fair queues of one environment, served in one SFQ order over (tenant, queue)
+  -- pairs: gather and serve rounds (a round that parks gated candidates may uncover others
+  -- behind them: gather again while rounds park, bounded, so keys at their cap cannot hide
+  -- servable ones), then borrowing, then the write-back. `heads` maps a queue name to its
+  -- ready keyless head (or nil). Returns the runs served.
+  function E.fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
+    local F = E.serve_state(X, env, queues, heads, budget, lease_ms, out, R)
+    local parked_any = false
+    for round = 1, MAX_ROUNDS do
+      X.parked_now = false
+      if E.gather(F) == 0 and round > 1 then break end
+      E.serve_round(F)
+      parked_any = parked_any or X.parked_now
+      if F.served >= budget or not X.parked_now then break end
     end
+    -- still nothing served but candidates were parked: more may lie behind them, so the
+    -- caller should come back at once rather than sleep
+    if F.served == 0 and parked_any then wait_until(R, X.now) end
+    E.borrow_idle_slots(F)
+    E.write_back(F)
+    return F.served
   end
-  local fair_done = false
-  for _, entry in ipairs(ready) do
-    if served >= budget then break end
-    local Q = by_name[entry.queue]
-    if Q.order == 'fair' then
-      if not fair_done then
-        fair_done = true
-        served = served + fair_serve(X, env, fair, heads, budget - served, lease_ms, out, R)
+
+  -- The environment's place in the fair order across the environments of its shard.
+  -- (Only for dequeues that chose this environment among the shard's: a dequeue limited
+  -- to one environment, a worker's, does not compete with the others.) The shard's
+  -- environment virtual time is the member '~floor' of T:etag.
+  function E.env_charge(X, env, served)
+    if served <= 0 or not X.charge_env then return end
+    local etag = shard_key(X.tag, 'env_tags')
+    local got = redis.call('ZMSCORE', etag, env.env_id, FLOOR_MEMBER)
+    local floor = tonumber(got[2]) or 0
+    local tag = tonumber(got[1]) or floor
+    if tag < floor then tag = floor end
+    local weight = tonumber(redis.call('HGET', shard_key(X.tag, 'env_weights'), env.env_id)) or 1
+    redis.call('ZADD', etag, tag + served / weight, env.env_id, math.max(floor, tag), FLOOR_MEMBER)
+    redis.call('EXPIRE', etag, X.C.state_ttl)
+  end
+
+  -- Serve the ready heads of one environment: the fair queues together in one SFQ order
+  -- (placed where their oldest head is), the age-order queues as in the age order.
+  HOOK.serve = function(X, env, by_name, ready, budget, lease_ms, out, R)
+    local served, lenders = 0, {}
+    local fair, seen, heads = {}, {}, {}
+    for _, entry in ipairs(ready) do
+      local Q = by_name[entry.queue]
+      if Q.order == 'fair' then
+        if not seen[Q.name] then
+          seen[Q.name] = true
+          fair[#fair + 1] = Q
+        end
+        if entry.kind == KIND_QUEUE then heads[Q.name] = entry.score end
       end
-    elseif entry.kind == KIND_QUEUE then
-      served = served + serve_keyless(X, Q, budget - served, lease_ms, out, R)
-    else
-      served = served + serve_ck_age(X, Q, budget - served, lease_ms, out, R, lenders)
     end
+    local fair_done = false
+    for _, entry in ipairs(ready) do
+      if served >= budget then break end
+      local Q = by_name[entry.queue]
+      if Q.order == 'fair' then
+        if not fair_done then
+          fair_done = true
+          served = served + E.fair_serve(X, env, fair, heads, budget - served, lease_ms, out, R)
+        end
+      elseif entry.kind == KIND_QUEUE then
+        served = served + serve_keyless(X, Q, budget - served, lease_ms, out, R)
+      else
+        served = served + serve_ck_age(X, Q, budget - served, lease_ms, out, R, lenders)
+      end
+    end
+    if served < budget and #lenders > 0 then
+      served = served + serve_borrowers(X, lenders, budget - served, lease_ms, out, R)
+    end
+    if fair_done then E.env_charge(X, env, served) end
+    return served
   end
-  if served < budget and #lenders > 0 then
-    served = served + serve_borrowers(X, lenders, budget - served, lease_ms, out, R)
-  end
-  if fair_done then env_charge(X, env, served) end
-  return served
 end

@@ -5,28 +5,9 @@
 
 local HOOK = {}
 
--- The per-call tables of a script's state, each made on first use (a call touches few).
-local STATE_TABLES = {
-  -- counters.lua: known values, pending deltas and truth functions per counter key
-  counter_value = true, counter_delta = true, counter_seed = true,
-  -- tenant running counts (counters.lua), per B: seeded in this call (a tenant not in
-  -- the hash then holds 0), values before this call, pending deltas, and the queue
-  -- whose truth seeds the hash when it is missing at the flush
-  tenant_running_seeded = true, tenant_running_base = true, tenant_running_delta = true,
-  tenant_running_queue = true,
-  -- runs.lua: queue contexts of runs read from their hashes (run_queue): env -> queue -> Q
-  runq = true,
-  -- runs.lua: slot and index changes applied once at the end (state_flush)
-  env_take = true, env_free = true, lease_add = true, lease_del = true, ttl_del = true,
-  free_groups = true, free_by = true,
-  -- ck_index head moves not yet written: B -> {order, score}
-  ckidx = true,
-  -- keys to delete that exist (run hashes), deleted with the flush's gated flags
-  deletes = true,
-  recent = true, history = true,
-  -- queues whose heads-index member must be re-scored: B|kind -> {B, env_id, queue, kind}
-  touched = true,
-}
+-- The per-call tables of a script's state, each made on first use (a call touches few):
+-- STATE_TABLES, generated with the other fields of X from fairq/store/context.py
+-- (STATE_FIELDS, where each is described; the loader refuses an undeclared one).
 local STATE_META = {
   __index = function(X, name)
     if STATE_TABLES[name] then
