@@ -1,11 +1,13 @@
-"""A corpus of bad input over every public entry point: each case raises one specific
-fairq error, with a short message, and leaves the keyspace byte-identical.
+"""The one corpus of bad input over every public entry point: each case raises one
+specific fairq error, with a short message, and leaves the keyspace byte-identical.
 
-Entry points: the store (:class:`fairq.store.RunQueue`: enqueue, dequeue, finish, nack,
-heartbeat, release, cancel, redrive, maintenance, limits, options, weights, caps,
-rates, readers), the app and task API (:class:`fairq.Fairq`, ``Task.trigger`` /
-``trigger_many``, ``schedule``), the :class:`fairq.Worker` and
-:class:`fairq.consumer.Consumer` constructors, the option objects
+Entry points: the store (:class:`fairq.store.RunQueue`: enqueue, schedule ticks,
+dequeue, finish, nack, heartbeat, release, cancel (``only_if``), redrive, maintenance,
+limits, options, weights, caps and rates at every scope, the audit list, trace contexts,
+readers), the app and task API (:class:`fairq.Fairq`, ``Task.trigger`` /
+``trigger_many``, ``schedule``: payload, key, tenant, name, time zone, policy;
+``cancel``), a running task's ``progress``, the :class:`fairq.Worker` and
+:class:`fairq.consumer.Consumer` constructors (linger included), the option objects
 (:class:`fairq.RunQueueConfig`, :class:`fairq.VirtualTimeOptions`,
 :class:`fairq.RetryPolicy`, ``RunQueueConfig.from_env``) and the CLI (``fairq.cli.main``
 with argv lists).
@@ -42,9 +44,12 @@ from fairq.errors import (
     InvalidNameError,
     PayloadError,
     RunNotFoundError,
+    ServerUnavailableError,
 )
 from fairq.keys import Environment
 from fairq.models import Delivery, EnqueueRequest, Finish
+from fairq.outcomes import RunStatus
+from fairq.run_context import RunContext
 from fairq.server import connect
 from fairq.store import RunQueue
 from fairq.store.admin import Change
@@ -634,6 +639,112 @@ STORE += [
     for n, v in [("zero", 0), ("over-an-hour", 3_600_001), ("string", "60000")]
 ]  # fmt: skip
 
+# caps, rates, bursts and queue options, at every scope (from the limits suite)
+BAD_CAPS: list[object] = [-1, 1.5, NAN, INF, -INF, "3", True, False, 10**10, [1]]
+BAD_RATES: list[object] = [
+    -1, 0, "0/s", NAN, INF, "abc", "5/fortnight", "nan/s", True, 1e12, "1e12/s", "-3/m",
+    b"1/s", [1],
+]  # fmt: skip
+BAD_BURSTS: list[object] = [0, -1, 1.5, NAN, INF, "2", True, 10**7]
+_CAP_SETTERS: list[tuple[str, Callable[[Ctx, object], Any]]] = [
+    ("total", lambda c, v: c.rq.set_queue_total_concurrency(c.env, "q", v)),
+    ("key", lambda c, v: c.rq.set_key_concurrency(c.env, "q", "k", v)),
+    ("tenant", lambda c, v: c.rq.set_tenant_concurrency(c.env, "q", "acme", v)),
+    ("queue", lambda c, v: c.rq.set_queue_concurrency(c.env, "q", v)),
+    ("option total", lambda c, v: c.rq.set_queue_options(c.env, "q", total=v)),
+]
+STORE += [
+    (f"cap {scope} {v!r}", InvalidLimitError, (lambda f, v: lambda c: f(c, v))(setter, v))
+    for scope, setter in _CAP_SETTERS
+    for v in BAD_CAPS
+]
+_RATE_SCOPES: dict[str, dict[str, Any]] = {
+    "queue": {}, "key": {"key": "k"}, "tenant": {"tenant": "acme"}, "per-key": {"per": "key"},
+    "per-tenant": {"per": "tenant"},
+}  # fmt: skip
+STORE += [
+    (f"rate {scope} {v!r}", InvalidLimitError,
+     (lambda v, kw: lambda c: c.rq.set_rate_limit(c.env, "q", v, burst=2, **kw))(v, kw))
+    for scope, kw in _RATE_SCOPES.items()
+    for v in BAD_RATES
+]  # fmt: skip
+STORE += [
+    (f"rate burst {scope} {v!r}", InvalidLimitError,
+     (lambda v, kw: lambda c: c.rq.set_rate_limit(c.env, "q", 5, burst=v, **kw))(v, kw))
+    for scope, kw in list(_RATE_SCOPES.items())[:3]
+    for v in BAD_BURSTS
+]  # fmt: skip
+STORE += [
+    (f"set_queue_options rate_burst {v!r}", InvalidLimitError,
+     (lambda v: lambda c: c.rq.set_queue_options(c.env, "q", rate=5.0, rate_burst=v))(v))
+    for v in BAD_BURSTS
+]  # fmt: skip
+STORE += [
+    (f"set_queue_options {kw!r}", InvalidLimitError,
+     (lambda kw: lambda c: c.rq.set_queue_options(c.env, "q", **kw))(kw))
+    for kw in [
+        {"borrow": "yes"}, {"borrow": NAN}, {"charge": 1}, {"charge": True}, {"rate": 1e12},
+        {"key_rate": -1.0}, {"tenant_rate_burst": 0}, {"total": 5, "borrow": "no"},
+    ]
+]  # fmt: skip
+STORE += [
+    ("set_env_limits valid limit with a bad burst", InvalidLimitError,
+     lambda c: c.rq.set_env_limits(c.env, concurrency=9, burst_factor=0)),
+    ("heartbeat of no runs with lease 0", InvalidLimitError,
+     lambda c: c.rq.heartbeat([], lease_ms=0)),
+]  # fmt: skip
+STORE += [
+    (f"rate scopes {kw!r}", InvalidLimitError,
+     (lambda kw: lambda c: c.rq.set_rate_limit(c.env, "q", 5, **kw))(kw))
+    for kw in [{"key": "k", "tenant": "acme"}, {"key": "k", "per": "key"},
+               {"tenant": "acme", "per": "tenant"}, {"per": "queue"}, {"per": "keys"},
+               {"per": ""}, {"per": 1}]
+]  # fmt: skip
+# the audit list and trace contexts (from the run-details suite)
+STORE += [
+    (f"record_audit {kw!r}"[:70], InvalidLimitError,
+     (lambda kw: lambda c: c.rq.record_audit(c.env, **{"who": "w", "action": "a",
+                                                       "target": "t", **kw}))(kw))
+    for kw in [
+        {"who": ""}, {"who": "x" * 201}, {"action": "two words"}, {"action": ""},
+        {"action": "é"}, {"target": ""}, {"target": "é" * 251}, {"detail": "d" * 2001},
+        {"who": 7}, {"now_ms": -1},
+    ]
+]  # fmt: skip
+STORE += [
+    (f"enqueue_many trace_context {v!r}"[:70], InvalidLimitError,
+     (lambda v: lambda c: c.rq.enqueue_many([_req(c, trace_context=v)]))(v))
+    for v in ["", "has space", "é", "x" * 513, 5]
+]  # fmt: skip
+# schedule ticks: the name and tick as the store takes them
+STORE += [
+    (f"enqueue_tick schedule {n}", InvalidLimitError,
+     (lambda v: lambda c: c.rq.enqueue_tick(v, 1_000, _req(c)))(v))  # type: ignore[arg-type]
+    for n, v in [("empty", ""), ("colon", "a:b"), ("201-chars", "s" * 201),
+                 ("lone-surrogate", "\udc80"), ("int", 5), ("none", None)]
+]  # fmt: skip
+STORE += [
+    (f"enqueue_tick tick_ms {n}", InvalidLimitError,
+     (lambda v: lambda c: c.rq.enqueue_tick("ok", v, _req(c)))(v))  # type: ignore[arg-type]
+    for n, v in BAD_TIMES
+]  # fmt: skip
+STORE += [
+    (f"enqueue_tick request {what}", exc,
+     (lambda kw: lambda c: c.rq.enqueue_tick("ok", 1_000, _req(c, **kw)))(kw))
+    for what, exc, kw in [
+        ("payload nan", PayloadError, {"payload": NAN}),
+        ("tenant empty", InvalidNameError, {"tenant": ""}),
+        ("run id", InvalidNameError, {"run_id": "a:b"}),
+    ]
+]  # fmt: skip
+# cancel: a state no run is cancelled in
+STORE += [
+    (f"cancel only_if {n}", InvalidLimitError,
+     (lambda v: lambda c: c.rq.cancel(c.env, "queued", only_if=v))(v))  # type: ignore[arg-type]
+    for n, v in [("completed", RunStatus.COMPLETED), ("expired", RunStatus.EXPIRED),
+                 ("string", "sometime"), ("list", ["queued"]), ("int", 1)]
+]  # fmt: skip
+
 # ---------------------------------------------------------------- app / task cases
 
 APP: list[Case] = []
@@ -773,6 +884,28 @@ APP += [
     ]
 ]
 
+APP += [
+    (f"app.cancel only_if {n}", InvalidLimitError,
+     (lambda v: lambda c: c.app.cancel("job-1", only_if=v))(v))  # type: ignore[arg-type]
+    for n, v in [("completed", RunStatus.COMPLETED), ("string", "later")]
+]  # fmt: skip
+
+
+def _progress(fraction: object, message: object) -> Call:
+    """A running task's progress report (no server call: it must refuse at once)."""
+    return lambda c: RunContext(c.delivery, {}).progress(fraction, message)  # type: ignore[arg-type]
+
+
+APP += [
+    (f"progress {n}", ConfigurationError, _progress(f, m))
+    for n, f, m in [
+        ("nan", NAN, ""), ("string fraction", "0.5", ""), ("bool fraction", True, ""),
+        ("none fraction", None, ""), ("list fraction", [0.5], ""),
+        ("lone-surrogate note", 0.5, "file \udcff.csv"), ("int note", 0.5, 5),
+        ("bytes note", 0.5, b"note"), ("none note", 0.5, None),
+    ]
+]  # fmt: skip
+
 # ---------------------------------------------------------------- worker / consumer cases
 
 WORKER: list[Case] = []
@@ -822,6 +955,15 @@ WORKER += [
 WORKER += [
     ("Consumer of a non-store", ConfigurationError, lambda c: Consumer("rq")),  # type: ignore[arg-type]
 ]
+
+WORKER += [
+    (f"{kind} linger {n}", ConfigurationError,
+     (lambda make, v: lambda c: make(c, v))(make, v))
+    for kind, make in [("Worker", lambda c, v: Worker(c.app, linger=v)),
+                       ("Consumer", lambda c, v: Consumer(c.rq, linger=v))]
+    for n, v in [("negative", -0.001), ("over a second", 1.5), ("nan", NAN), ("string", "2"),
+                 ("bool", True)]
+]  # fmt: skip
 
 # ---------------------------------------------------------------- option objects
 
@@ -1131,3 +1273,60 @@ async def test_the_cli_writes_the_test_prefix(ctx: Ctx, redis_url: str) -> None:
     changed = await snapshot(ctx.rq) != before
     await restore(ctx.rq, before)
     assert changed
+
+
+# ---------------------------------------------------------------- errors that explain
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [("o:x", "p", "e"), ("o", "p/q", "e"), ("o", "p", "e:1"), ("o", "p", "{e}"), ("", "p", "e")],
+)
+def test_separators_in_environment_names_are_refused(parts: tuple[str, str, str]) -> None:
+    with pytest.raises(InvalidNameError) as info:
+        Environment(*parts)
+    assert isinstance(info.value, ValueError)
+
+
+async def test_payload_errors_name_the_problem(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue(max_payload_bytes=64)
+    with pytest.raises(PayloadError, match="larger than the maximum 64"):
+        await rq.enqueue(env, "q", "r", "x" * 100, now_ms=1_700_000_000_000)
+    with pytest.raises(PayloadError, match="not JSON"):
+        await rq.enqueue(env, "q", "r", object(), now_ms=1_700_000_000_000)
+
+
+async def test_invalid_name_errors_carry_their_fields(make_queue: Any, env: Environment) -> None:
+    rq: RunQueue = await make_queue()
+    with pytest.raises(InvalidNameError) as info:
+        await rq.enqueue(env, "task:1", "r", now_ms=1_700_000_000_000)
+    assert (info.value.kind, info.value.value) == ("queue", "task:1")
+    assert "task:1" in str(info.value)
+
+
+async def test_a_dead_server_url_names_the_url() -> None:
+    url = "redis://127.0.0.1:1/0"
+    with pytest.raises(ServerUnavailableError) as info:
+        await connect(url)
+    assert info.value.url == url
+    assert url in str(info.value)
+
+
+async def test_a_dead_server_url_hides_the_password() -> None:
+    url = "redis://user:s3cret@127.0.0.1:1/0"
+    with pytest.raises(ServerUnavailableError) as info:
+        await connect(url)
+    assert "s3cret" not in str(info.value)
+    assert "127.0.0.1:1" in str(info.value)
+
+
+async def test_a_missing_unix_socket_names_the_path() -> None:
+    url = "unix:///nonexistent/fairq.sock"
+    with pytest.raises(ServerUnavailableError) as info:
+        await connect(url)
+    assert "/nonexistent/fairq.sock" in str(info.value)
+
+
+async def test_a_malformed_url_is_a_server_error() -> None:
+    with pytest.raises(ServerUnavailableError):
+        await connect("http://localhost:6379")

@@ -6,7 +6,7 @@ import asyncio
 from typing import Final
 
 from fairq import keys as K
-from fairq.errors import RunNotFoundError
+from fairq.errors import InvalidLimitError, RunNotFoundError
 from fairq.keys import Environment
 from fairq.models import CancelOutcome
 from fairq.outcomes import STATE_STATUS, RunStatus
@@ -48,15 +48,16 @@ class RunOps(StoreCore):
 
         Raises:
             InvalidNameError: a bad run id.
-            ValueError: ``only_if`` is a state a run cannot be cancelled in.
+            InvalidLimitError: ``only_if`` is not a state a run can be cancelled in
+                (it is a ValueError too).
         """
         K.validate_name("run id", run_id)
         args = [env.id, run_id]
         if only_if is not None:
-            state = _ONLY_IF.get(only_if)
+            state = _ONLY_IF.get(only_if) if isinstance(only_if, RunStatus) else None
             if state is None:
-                raise ValueError(
-                    f"only_if must be one of {', '.join(s.name for s in _ONLY_IF)}, not {only_if!r}"
+                raise InvalidLimitError(
+                    "only_if", only_if, f"must be one of {', '.join(s.name for s in _ONLY_IF)}"
                 )
             args.append(state)
         statuses = await self.on_every_partition("cancel", env, args, now_ms)
