@@ -75,6 +75,10 @@ class WorkerPool:
     env: Environment
     lease_ms: int
     concurrency: int = 4
+    #: The app module the workers run (``faultapp.py``).
+    app_source: str = APP_MODULE
+    #: More environment variables of the worker processes.
+    extra_env: dict[str, str] = field(default_factory=dict)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     killed: set[int] = field(default_factory=set)
     spawned: int = 0
@@ -82,7 +86,7 @@ class WorkerPool:
     def __post_init__(self) -> None:
         (self.directory / "ledger").mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
-        (self.directory / "faultapp.py").write_text(APP_MODULE)
+        (self.directory / "faultapp.py").write_text(self.app_source)
 
     @property
     def ledger(self) -> Path:
@@ -97,6 +101,7 @@ class WorkerPool:
             "FAIRQ_LEASE_MS": str(self.lease_ms),
             "TEST_ENV": self.env.id,
             "TEST_LEDGER": str(self.ledger),
+            **self.extra_env,
         }
         log = open(self.directory / "logs" / f"w{self.spawned}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
@@ -113,12 +118,17 @@ class WorkerPool:
         """Whether the process has started at least one task (it is connected and busy)."""
         return (self.ledger / f"{pid}.log").exists()
 
-    def kill(self, pid: int) -> None:
-        """``kill -9`` one worker and reap it."""
+    def kill(self, pid: int) -> float:
+        """``kill -9`` one worker and reap it; when it died (``time.time()``)."""
         proc = self.procs.pop(pid)
         proc.kill()
         proc.wait(10)
         self.killed.add(pid)
+        return time.time()
+
+    def log_text(self) -> str:
+        """What every worker process wrote to its log so far."""
+        return "".join(p.read_text(errors="replace") for p in (self.directory / "logs").glob("*"))
 
     def stop_all(self, timeout: float = 20.0) -> dict[int, int]:
         """SIGTERM every live worker, wait for it (kill on timeout); pid -> return code."""
