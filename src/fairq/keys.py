@@ -66,6 +66,12 @@ Per environment (``V`` = ``T:e:E``, keys ``V:<name>``)
   schedules    HASH  schedule name -> its last claimed tick (ms): each tick enqueues once
   audit        LIST  admin actions (JSON: at, who, action, target, detail), newest first,
                      bounded, with a TTL
+  quota        HASH  only for an environment spread over partitions: in partition 0, the
+                     ledger of its cluster-wide caps (``cap:<scope>``, ``grant:<scope>:<p>``,
+                     ``epoch``, ``hold``); in every partition, ``fence`` (the oldest epoch
+                     a quota grant may carry). Scope ``*`` = the environment's concurrency,
+                     else a queue's name (its total)
+  quotalock    STRING in partition 0: lets one process at a time move quota
 Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   queued       ZSET  keyless runs: run id -> score (ms)
   inflight     SET   keyless runs holding a queue slot
@@ -174,6 +180,8 @@ ENV_KEYS: Final = {
     "tenant_weights": "tw",
     "schedules": "schedules",
     "audit": "audit",
+    "quota": "quota",
+    "quota_lock": "quotalock",
 }
 #: Per-base-queue keys: attribute -> suffix (``T:q:E:Q:<suffix>``).
 QUEUE_KEYS: Final = {
@@ -401,6 +409,8 @@ class EnvKeys:
     tenant_weights: str
     schedules: str
     audit: str
+    quota: str
+    quota_lock: str
     message_prefix: str
     outcome_prefix: str
 

@@ -61,6 +61,8 @@ class RunQueue(
         self._drainers = set()
         self._views = {}
         self._floor_hints = {}
+        self._leaks = {}
+        self._rebalanced = {}
 
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from fairq import keys as K
 from fairq.errors import InvalidLimitError, InvalidNameError
@@ -24,6 +24,7 @@ from fairq.store.options import (
     WEIGHT_OVERRIDE,
     parse_rate,
 )
+from fairq.store.quotas import ENV_SCOPE, is_quota_field
 
 Target = Literal[
     "config", "key_caps", "tenant_caps", "key_rates", "tenant_rates", "key_weights",
@@ -74,6 +75,12 @@ def queue_option(queue: str, name: str, value: object) -> Change:
     return Change("config", queue, name, None if value is None else option.encode(name, value))
 
 
+def is_quota_change(change: Change) -> bool:
+    """Whether a change sets a limit a spread environment keeps as quotas of a
+    cluster-wide cap (its concurrency, a queue's total): see store/quotas.py."""
+    return change.target == "config" and is_quota_field(change.field, change.queue)
+
+
 def rate_value(rate: str | float | int, burst: int) -> str:
     per_second = parse_rate(rate)
     return f"{per_second!r}:{BURST_OVERRIDE.encode('rate burst', burst)}"
@@ -90,6 +97,12 @@ def weight_value(weight: float) -> str:
 
 
 class AdminOps(StoreCore):
+    if TYPE_CHECKING:
+
+        async def set_cap(
+            self, env: Environment, scope: str, cap: int | None, *, now_ms: int | None = None
+        ) -> None: ...
+
     async def purge(self) -> int:
         """Delete every key of this store's prefix (tests, the simulator, the demo).
         Returns how many keys it deleted. Uses SCAN (on every master of a cluster)."""
@@ -148,10 +161,32 @@ class AdminOps(StoreCore):
         if not changes:
             return
         if partitions is None:
-            partitions = range((await self.placement(env)).served)
+            served = (await self.placement(env)).served
+            if served > 1 and any(is_quota_change(c) for c in changes):
+                await self._configure_spread(env, changes, served)
+                return
+            partitions = range(served)
         for partition in partitions:
             tag = self.keys.tag_of(env, partition)
             self.decode("configure", await self.call("configure", "age", tag, args, None))
+
+    async def _configure_spread(
+        self, env: Environment, changes: Sequence[Change], served: int
+    ) -> None:
+        """Changes to a spread environment: its concurrency and queue totals become the
+        ledger's caps (each partition holds a quota of them); the rest goes everywhere."""
+        rest = [c for c in changes if not is_quota_change(c)]
+        if rest:
+            await self.configure(env, rest, partitions=range(served))
+        for c in changes:
+            if not is_quota_change(c):
+                continue
+            scope = ENV_SCOPE if c.queue is None else c.queue
+            if c.value is not None:
+                cap: int | None = int(c.value)
+            else:  # no limit of its own: the default, cluster-wide; no total: none
+                cap = self.config.default_env_concurrency if c.queue is None else None
+            await self.set_cap(env, scope, cap)
 
     # ------------------------------------------------------------------ environments
 

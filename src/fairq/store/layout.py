@@ -26,10 +26,11 @@ from fairq.errors import ConfigurationError
 from fairq.keys import Environment
 from fairq.models import QueueStats
 from fairq.store import validate
-from fairq.store._core import StoreCore, text_of
-from fairq.store.admin import Change, Target
+from fairq.store._core import text_of
+from fairq.store.admin import Change, Target, is_quota_change
 from fairq.store.options import ENV_OPTIONS, QUEUE_OPTIONS
 from fairq.store.placement import PLACEMENT_REFRESH_S, SINGLE, Placement, parse_placement
+from fairq.store.quotas import QuotaOps
 
 #: The per-queue override hashes copied to a new partition: target -> QueueKeys attribute.
 QUEUE_OVERRIDES: Final[dict[Target, str]] = {
@@ -66,7 +67,7 @@ def config_queues(config: dict[str, str]) -> set[str]:
     return {f[len(prefix) :].rpartition(":")[0] for f in config if f.startswith(prefix)} - {""}
 
 
-class LayoutOps(StoreCore):
+class LayoutOps(QuotaOps):
     if TYPE_CHECKING:
 
         async def _queues_stats_at(
@@ -111,13 +112,20 @@ class LayoutOps(StoreCore):
             validate.time_ms("now_ms", now_ms)
         current, shrunk_at = await self.stored_placement(env)
         if partitions >= current.served:
-            await self.copy_settings(env, range(current.served, partitions))
+            added = range(current.served, partitions)
+            await self.copy_settings(env, added)
+            if partitions > 1:
+                await self.start_quotas(env, added, now_ms=now_ms)
             new = Placement(partitions)
         elif partitions != current.partitions:
             new = Placement(partitions, current.served)
         else:
             new = await self._after_drain(env, current, shrunk_at, now_ms)
+            if new.served == 1 and current.served > 1:
+                await self.end_quotas(env, range(1, current.served), now_ms=now_ms)
         await self._record(env, new, shrinking=new.draining > 0, now_ms=now_ms)
+        if new.served > 1:
+            await self.rebalance(env, now_ms=now_ms, locked=False)
         return new
 
     async def _after_drain(
@@ -172,13 +180,14 @@ class LayoutOps(StoreCore):
         """Give ``partitions`` the settings of partition 0 (limits, options, caps, rates,
         key, tenant and environment weights), removing any they kept from an earlier
         layout that partition 0 no longer has."""
-        source = await self.settings_of(env, 0)
+        # (a partition's limits that are quotas of a cluster-wide cap are its own)
+        source = [c for c in await self.settings_of(env, 0) if not is_quota_change(c)]
         kept = {(c.target, c.queue, c.field) for c in source}
         for partition in partitions:
             stale = [
                 Change(c.target, c.queue, c.field, None)
                 for c in await self.settings_of(env, partition)
-                if (c.target, c.queue, c.field) not in kept
+                if (c.target, c.queue, c.field) not in kept and not is_quota_change(c)
             ]
             changes = stale + source
             for start in range(0, len(changes), COPY_CHUNK):

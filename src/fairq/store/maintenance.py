@@ -9,7 +9,7 @@ when nothing is due, so an idle system runs no script at all.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fairq.keys import ShardKeys
 from fairq.store import validate
@@ -20,6 +20,10 @@ MAX_MAINTENANCE_LOCK_S: Final = 1.0
 
 
 class MaintenanceOps(StoreCore):
+    if TYPE_CHECKING:
+
+        async def rebalance_spread(self, *, now_ms: int | None = None) -> None: ...
+
     def _shard_keys(self, shards: Iterable[int] | None) -> list[ShardKeys]:
         if shards is None:
             return self.keys.shards()
@@ -81,6 +85,7 @@ class MaintenanceOps(StoreCore):
         if force:
             await self.reclaim_lapsed_leases()
             await self.expire_ttl()
+            await self.rebalance_spread()
             return True
         # The lock only stops processes sharing a prefix from duplicating work; capped so
         # that one with a long interval (or a dead one) cannot hold everyone else off.
@@ -92,4 +97,6 @@ class MaintenanceOps(StoreCore):
             await self.reclaim_lapsed_leases(shards=leases)
         if ttls:
             await self.expire_ttl(shards=ttls)
+        # idle quota of spread environments back where work waits (store/quotas.py)
+        await self.rebalance_spread()
         return True

@@ -29,6 +29,7 @@ from fairq.store.history import (
     RECENT_FIELDS,
 )
 from fairq.store.options import QUEUE_OPTIONS
+from fairq.store.quotas import ENV_SCOPE, parse_ledger
 
 #: Variant rows a queue breakdown returns at most.
 MAX_VARIANTS: Final = 500
@@ -123,12 +124,14 @@ def _recent_run(item: str) -> RecentRun:
     )
 
 
-def summed_queue_stats(parts: list[QueueStats]) -> QueueStats:
+def summed_queue_stats(parts: list[QueueStats], total: int | None) -> QueueStats:
     """One queue's stats over an environment's partitions: the first partition's
-    settings (every partition has the same), the counts summed, the oldest head of all."""
+    settings (every partition has the same, but for its share of the total: ``total`` is
+    the cluster-wide one), the counts summed, the oldest head of all."""
     heads = [p.oldest_score_ms for p in parts if p.oldest_score_ms is not None]
     return replace(
         parts[0],
+        total_concurrency_limit=total,
         queued=sum(p.queued for p in parts),
         running=sum(p.running for p in parts),
         delayed=sum(p.delayed for p in parts),
@@ -163,7 +166,12 @@ class ReaderOps(StoreCore):
         parts = await asyncio.gather(
             *(self._queues_stats_at(env, queues, breakdown, p) for p in range(served))
         )
-        return [summed_queue_stats(list(rows)) for rows in zip(*parts, strict=True)]
+        caps = await self.read(self.client.hgetall(self.keys.env(env).quota))
+        ledger = parse_ledger(caps)
+        return [
+            summed_queue_stats(list(rows), ledger.caps.get(name))
+            for name, rows in zip(queues, zip(*parts, strict=True), strict=True)
+        ]
 
     async def _queues_stats_at(
         self, env: Environment, queues: Sequence[str], breakdown: bool, partition: int
@@ -346,12 +354,16 @@ class ReaderOps(StoreCore):
         def build(pipe: Any) -> None:
             pipe.hmget(e.config, ["concurrency", "burst_factor", *ENV_DEFAULTS])
             pipe.hget(s.env_weights, env.id)
+            if served > 1:
+                pipe.hgetall(e.quota)
             for partition in range(served):
                 part = self.keys.env(env, partition)
                 pipe.scard(part.inflight)
                 pipe.zcard(part.dlq)
 
         limits, weight, *counts = await self.pipeline(build)
+        if served > 1:  # its limit is the cluster-wide cap partitions hold quotas of
+            limits = [parse_ledger(counts.pop(0)).caps.get(ENV_SCOPE), *limits[1:]]
         running, dlq = sum(int(n) for n in counts[0::2]), sum(int(n) for n in counts[1::2])
         defaults = dict(zip(ENV_DEFAULTS, (_opt(v) for v in limits[2:]), strict=True))
         fair = self._fair_settings({}, defaults)

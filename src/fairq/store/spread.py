@@ -51,6 +51,8 @@ from fairq.store._core import StoreCore
 
 #: How old a state read after the previous dequeue may be for the next one to use it (s).
 PREFETCH_MAX_AGE_S: Final = 1.0
+#: How often a process rebalances a spread environment's quotas on demand, at most (s).
+REBALANCE_EVERY_S: Final = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class PartitionState:
     floor: float | None = None
     #: the lowest tag copy of a servable tenant of the queues served (None: none)
     lowest_tag: float | None = None
+    #: slots its environment limit (its quota) leaves free now (None: not read)
+    room: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +100,15 @@ class SpreadView:
 
 
 def partition_state(
-    partition: int, scores: Sequence[Any], now: int, fair_rows: Sequence[Any] | None = None
+    partition: int,
+    scores: Sequence[Any],
+    now: int,
+    fair_rows: Sequence[Any] | None = None,
+    room: int | None = None,
 ) -> PartitionState:
-    """A partition's state from the heads-index scores of its queues' members and, in
-    the fair order, its floor's score and each queue's lowest ``B:tq`` entry."""
+    """A partition's state from the heads-index scores of its queues' members, the room
+    its environment limit leaves, and, in the fair order, its floor's score and each
+    queue's lowest ``B:tq`` entry."""
     ready = [float(s) for s in scores if s is not None and float(s) <= now]
     future = [float(s) for s in scores if s is not None and float(s) > now]
     floor = lowest = None
@@ -109,7 +118,12 @@ def partition_state(
         tags = [float(row[0][1]) for row in lows if row]
         lowest = min(tags) if tags else None
     return PartitionState(
-        partition, min(ready) if ready else None, min(future) if future else None, floor, lowest
+        partition,
+        min(ready) if ready else None,
+        min(future) if future else None,
+        floor,
+        lowest,
+        room,
     )
 
 
@@ -175,7 +189,14 @@ class SpreadOps(StoreCore):
     #: The highest floor seen per spread environment (written back to lagging partitions).
     _floor_hints: dict[str, float]
 
+    #: When this process last rebalanced each spread environment on demand (monotonic s).
+    _rebalanced: dict[str, float]
+
     if TYPE_CHECKING:
+
+        async def rebalance(
+            self, env: Environment, *, now_ms: int | None = None, locked: bool = True
+        ) -> int: ...
 
         async def dequeue_env(
             self,
@@ -194,21 +215,24 @@ class SpreadOps(StoreCore):
         self, env: Environment, queues: Sequence[str], partitions: int, now_ms: int | None
     ) -> SpreadView:
         """Every partition's state for ``queues`` (one round trip), raising the floor of
-        partitions that lag the environment's highest known one."""
+        partitions that lag the environment's virtual time known so far."""
         fair = self.order_for(env) == "fair"
         members = [K.heads_member(k, env, q) for q in queues for k in (K.KIND_QUEUE, K.KIND_CK)]
         shards = self.keys.partition_shards(env, partitions)
         hint = self._floor_hints.get(env.id)
-        width = 1 + (1 + len(queues) if fair else 0)
+        raise_floor = fair and hint is not None
+        width = 3 + (1 + len(queues) + raise_floor if fair else 0)
 
         def build(pipe: Any) -> None:
             for p, shard in enumerate(shards):
+                e = self.keys.env(env, p)
                 pipe.zmscore(self.keys.shard(shard).heads, members)
+                pipe.hmget(e.config, ["concurrency", "burst_factor"])
+                pipe.scard(e.inflight)
                 if fair:
-                    tt = self.keys.env(env, p).tenant_tags
-                    if hint is not None:
-                        pipe.zadd(tt, {K.FLOOR_MEMBER: hint}, xx=True, gt=True)
-                    pipe.zscore(tt, K.FLOOR_MEMBER)
+                    if raise_floor:
+                        pipe.zadd(e.tenant_tags, {K.FLOOR_MEMBER: hint}, xx=True, gt=True)
+                    pipe.zscore(e.tenant_tags, K.FLOOR_MEMBER)
                     for q in queues:
                         pipe.zrange(self.keys.queue(env, q, p).ready_tenants, 0, 0, withscores=True)
 
@@ -216,21 +240,23 @@ class SpreadOps(StoreCore):
             now, rows = await self.timed_pipeline(build)
         else:
             now, rows = now_ms, await self.pipeline(build)
-        if fair and hint is not None:  # drop the ZADD replies
-            rows = [r for i, r in enumerate(rows) if i % (width + 1) != 1]
-        states = [
-            partition_state(
-                p,
-                rows[p * width] or [],
-                now,
-                rows[p * width + 1 : (p + 1) * width] if fair else None,
-            )
-            for p in range(len(shards))
-        ]
+        states = []
+        for p in range(len(shards)):
+            heads, limits, inflight, *fair_rows = rows[p * width : (p + 1) * width]
+            room = self._room(limits, int(inflight))
+            fair_part = fair_rows[int(raise_floor) :] if fair else None
+            states.append(partition_state(p, heads or [], now, fair_part, room))
         view = SpreadView(now, states, fair, time.monotonic())
         if view.floor_hint is not None:
             self._floor_hints[env.id] = max(view.floor_hint, hint or -math.inf)
         return view
+
+    def _room(self, limits: Sequence[Any], inflight: int) -> int:
+        """Slots a partition's own limit (its quota of the environment's) leaves free."""
+        limit_raw, burst_raw = limits
+        limit = int(limit_raw) if limit_raw is not None else self.config.default_env_concurrency
+        burst = float(burst_raw) if burst_raw is not None else self.config.default_burst_factor
+        return int(limit * burst) - inflight
 
     async def _view_for(
         self, env: Environment, queues: Sequence[str], partitions: int, now_ms: int | None
@@ -284,8 +310,18 @@ class SpreadOps(StoreCore):
         if not ranked and prefetched:  # work may have arrived since it was read
             view = await self.spread_view(env, queues, partitions, now_ms)
             ranked = rank_partitions(view, self._floor_hints.get(env.id))
+        starved = [s for s in view.states if s.oldest_ready is not None and s.room is not None
+                   and s.room < max_count]  # fmt: skip
+        if starved and await self.quota_wanted(env, now_ms):
+            # a partition with work and less quota left than the batch could take: quota
+            # moved to it (from partitions that do not use theirs); read again
+            view = await self.spread_view(env, queues, partitions, now_ms)
+            ranked = rank_partitions(view, self._floor_hints.get(env.id))
+        full = {s.partition for s in view.states if s.room is not None and s.room <= 0}
         leased = Leased(max_count)
         for partition in ranked:
+            if partition in full:
+                continue  # no slot under its quota: nothing to lease there now
             leased.add(
                 await self.dequeue_env(
                     env, queues, leased.room, lease_ms=lease_ms, now_ms=now_ms,
@@ -294,11 +330,24 @@ class SpreadOps(StoreCore):
             )  # fmt: skip
             if leased.room <= 0:
                 break
+        if full and not leased.runs and leased.wait is None:
+            leased.gated = True  # held back by the quotas: a freed slot wakes consumers
         if leased.runs and now_ms is None:
             self._prefetch(env, queues, partitions)
         if not leased.runs and leased.wait is None:
             leased.wait = next_wait_ms(view.states, view.now)
         return leased.batch()
+
+    async def quota_wanted(self, env: Environment, now_ms: int | None) -> bool:
+        """A dequeue was held back by a limit: rebalance the environment's quotas (at
+        most every REBALANCE_EVERY_S per process on the server's clock; at once on a
+        logical clock). Returns whether any quota moved."""
+        if now_ms is None:
+            last = self._rebalanced.get(env.id)
+            if last is not None and time.monotonic() - last < REBALANCE_EVERY_S:
+                return False
+            self._rebalanced[env.id] = time.monotonic()
+        return await self.rebalance(env, now_ms=now_ms) > 0
 
     async def close(self) -> None:
         for task in self._views.values():

@@ -94,6 +94,8 @@ REPLIES: Final[dict[str, frozenset[Status]]] = {
     "configure": frozenset({Status.OK}),
     "seed_counters": frozenset({Status.OK}),
     "audit": frozenset({Status.OK}),
+    "quota_ledger": frozenset({Status.OK}),
+    "quota_partition": frozenset({Status.OK}),
 }
 
 

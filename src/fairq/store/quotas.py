@@ -1,0 +1,416 @@
+"""Cluster-wide caps of an environment spread over partitions: quotas from a budget.
+
+A spread environment's concurrency limit and its queues' totals are *scopes* (``*`` and
+the queue's name). For each, partition 0 keeps a ledger (``quota_ledger.lua``): the cap
+and what each partition was granted. A partition's quota is its own limit in its own
+config (``quota_partition.lua``): the dequeue script enforces it exactly, in one slot,
+with nothing new to read.
+
+Quota moves only one way at a time: a partition lowers its quota by what it does not use
+before the ledger takes the amount back, and the ledger grants before a partition raises
+its quota. So the quotas never sum above a cap, even between the two steps or after a
+crash; in flight never exceeds ``cap x burst`` (the environment's burst factor applies to
+each partition's quota). A crash between the two steps only leaves quota unused:
+:meth:`QuotaOps.reconcile` heals it (a hold on the ledger, a fence on every partition,
+then each grant becomes the quota its partition really holds), and a rebalance runs it
+when the ledger has granted more than the partitions hold.
+
+Rebalancing (:meth:`QuotaOps.rebalance`): every partition keeps what it uses; the rest
+of a cap goes to the partitions with servable work, in proportion to their servable
+tenants (the fair order) or by a share each (only age-order queues); with no work
+anywhere, evenly. Partitions with no work give back what they do not use as soon as
+another has work, so idle quota goes where work waits within one pass.
+Consumers run a pass with their maintenance (once per interval across processes, under
+a lock) and when a dequeue of a spread environment was held back by a limit.
+The trade-off: a cap may go briefly under-used (quota sits in a partition whose work
+just ended, until the next pass), never over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from fairq import keys as K
+from fairq.keys import Environment
+from fairq.store._core import StoreCore, text_of
+
+#: The scope of the environment's own concurrency limit (no queue is named ``*``).
+ENV_SCOPE: Final = "*"
+#: How long a reconciliation holds the ledger (ms): grants wait meanwhile.
+RECONCILE_HOLD_MS: Final = 5_000
+#: How long one process holds an environment's quota lock (ms).
+QUOTA_LOCK_MS: Final = 2_000
+#: How long the ledger may show more granted than the partitions hold before a
+#: rebalance reconciles (s): a move in flight shows the same for a moment.
+RECONCILE_AFTER_S: Final = 10.0
+#: A queue without a total, as a quota (the scripts' UNLIMITED).
+UNLIMITED: Final = 1_000_000_000
+
+
+def quota_field(scope: str) -> str:
+    """The config field of a partition that holds its quota of ``scope``."""
+    return "concurrency" if scope == ENV_SCOPE else K.config_field(scope, "total")
+
+
+def is_quota_field(field_name: str, queue: str | None) -> bool:
+    """Whether a config option is one a spread environment keeps as quotas."""
+    return (queue is None and field_name == "concurrency") or (
+        queue is not None and field_name == "total"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """An environment's ledger as read: caps, grants, epoch."""
+
+    caps: dict[str, int] = field(default_factory=dict)
+    grants: dict[tuple[str, int], int] = field(default_factory=dict)
+    epoch: int = 0
+
+    def granted(self, scope: str) -> int:
+        return sum(n for (s, _), n in self.grants.items() if s == scope)
+
+
+def parse_ledger(raw: dict[Any, Any]) -> Ledger:
+    caps: dict[str, int] = {}
+    grants: dict[tuple[str, int], int] = {}
+    epoch = 0
+    for k, v in raw.items():
+        name, value = text_of(k), int(text_of(v))
+        kind, _, rest = name.partition(":")
+        if kind == "cap":
+            caps[rest] = value
+        elif kind == "grant":
+            scope, _, partition = rest.rpartition(":")
+            grants[(scope, int(partition))] = value
+        elif kind == "epoch":
+            epoch = value
+    return Ledger(caps, grants, epoch)
+
+
+def quota_targets(cap: int, used: Sequence[int], demand: Sequence[float]) -> list[int]:
+    """Each partition's quota: what it uses, and the rest of the cap shared among the
+    partitions with demand in proportion to it (largest remainders first; ties to the
+    lower partition). With no demand anywhere the rest is shared evenly (so the first
+    runs after a quiet time start without waiting for a rebalance)."""
+    targets = list(used)
+    rest = cap - sum(used)
+    if rest <= 0 or not used:
+        return targets
+    total = sum(demand)
+    if total <= 0:
+        demand, total = [1.0] * len(used), float(len(used))
+    shares = [rest * d / total for d in demand]
+    for p, share in enumerate(shares):
+        targets[p] += int(share)
+    left = rest - sum(int(s) for s in shares)
+    order = sorted(range(len(shares)), key=lambda p: (-(shares[p] - int(shares[p])), p))
+    for p in order[:left]:
+        targets[p] += 1
+    return targets
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionUse:
+    """One partition's quota, use and demand of every scope, as read for a pass."""
+
+    quota: dict[str, int]
+    used: dict[str, int]
+    demand: dict[str, float]
+
+
+class QuotaOps(StoreCore):
+    #: (env id, scope) -> since when the ledger has shown quota no partition holds.
+    _leaks: dict[tuple[str, str], float]
+
+    if TYPE_CHECKING:
+
+        async def queues(self, env: Environment) -> list[str]: ...
+
+    async def ledger(self, env: Environment) -> Ledger:
+        raw = await self.read(self.client.hgetall(self.keys.env(env).quota))
+        return parse_ledger(raw)
+
+    async def _ledger_call(self, env: Environment, args: list[str], now_ms: int | None) -> Any:
+        reply = await self.call(
+            "quota_ledger", "age", self.keys.tag_of(env), [env.id, *args], now_ms
+        )
+        self.decode("quota_ledger", reply[0])
+        return reply
+
+    async def _partition_call(
+        self, env: Environment, partition: int, args: list[str], now_ms: int | None
+    ) -> Any:
+        tag = self.keys.tag_of(env, partition)
+        reply = await self.call("quota_partition", "age", tag, [env.id, *args], now_ms)
+        self.decode("quota_partition", reply[0])
+        return reply
+
+    async def set_cap(
+        self, env: Environment, scope: str, cap: int | None, *, now_ms: int | None = None
+    ) -> None:
+        """Set (None: remove) a cluster-wide cap of a spread environment. A new cap first
+        clamps every partition to what it uses (then the rebalance shares out the rest);
+        a removed queue total leaves every partition without a total."""
+        served = (await self.placement(env)).served
+        if cap is None:
+            await self._ledger_call(env, ["cap", scope, ""], now_ms)
+            await self.configure_partitions(env, [("config", scope, "total", None)], range(served))
+            return
+        known = scope in (await self.ledger(env)).caps
+        await self._ledger_call(env, ["cap", scope, str(cap)], now_ms)
+        if not known:
+            await self.clamp(env, scope, range(served), now_ms)
+            await self.reconcile(env, now_ms=now_ms)
+        await self.rebalance(env, now_ms=now_ms, locked=False)
+
+    async def clamp(
+        self, env: Environment, scope: str, partitions: Sequence[int], now_ms: int | None
+    ) -> None:
+        """Lower each partition's quota of ``scope`` to what it uses (making it explicit)
+        and give what it released back to the ledger."""
+        epoch = (await self.ledger(env)).epoch
+        for p in partitions:
+            released = int(
+                (await self._partition_call(env, p, ["release", scope, str(UNLIMITED)], now_ms))[1]
+            )
+            if released:
+                await self._ledger_call(
+                    env, ["return", scope, str(p), str(released), str(epoch)], now_ms
+                )
+
+    async def configure_partitions(
+        self,
+        env: Environment,
+        changes: Sequence[tuple[str, str | None, str, str | None]],
+        partitions: Sequence[int],
+    ) -> None:
+        """Write settings to some partitions (configure.lua), bypassing the quota routing."""
+        args: list[str] = [env.id]
+        for target, queue, name, value in changes:
+            args += [target, queue or "", name, "" if value is None else value]
+        for partition in partitions:
+            tag = self.keys.tag_of(env, partition)
+            self.decode("configure", await self.call("configure", "age", tag, args, None))
+
+    async def start_quotas(
+        self, env: Environment, new: Sequence[int], *, now_ms: int | None = None
+    ) -> None:
+        """Give the environment its ledgers (when it first spreads: each cap is what
+        partition 0 holds, the environment's limit or the default, and partition 0 is
+        granted it) and clamp the ``new`` partitions to what they use, so that they get
+        their quota from the ledger (the next rebalance)."""
+        ledger = await self.ledger(env)
+        if not ledger.caps:
+            raw = await self.read(self.client.hgetall(self.keys.env(env).config))
+            config = {text_of(k): text_of(v) for k, v in raw.items()}
+            default = str(self.config.default_env_concurrency)
+            caps = {ENV_SCOPE: int(config.get("concurrency", default))}
+            prefix = f"{K.QUEUE_PART}:"
+            for name, value in config.items():
+                queue, _, option = name[len(prefix) :].rpartition(":")
+                if name.startswith(prefix) and option == "total" and queue:
+                    caps[queue] = int(value)
+            for scope, cap in caps.items():
+                await self._ledger_call(env, ["cap", scope, str(cap)], now_ms)
+                await self._ledger_call(env, ["grant", scope, "0", str(cap)], now_ms)
+                await self.clamp_to(env, 0, scope, cap)
+            ledger = await self.ledger(env)
+        for scope in ledger.caps:
+            await self.clamp(env, scope, new, now_ms)
+
+    async def end_quotas(
+        self, env: Environment, drained: Sequence[int], *, now_ms: int | None = None
+    ) -> None:
+        """Back to one partition: the drained partitions keep no quota, partition 0 gets
+        every cap as its own limit, and the ledger is emptied."""
+        ledger = await self.ledger(env)
+        for scope, cap in sorted(ledger.caps.items()):
+            await self.clamp(env, scope, drained, now_ms)
+            await self.clamp_to(env, 0, scope, cap)
+            await self._ledger_call(env, ["cap", scope, ""], now_ms)
+
+    async def clamp_to(self, env: Environment, partition: int, scope: str, quota: int) -> None:
+        """Make a partition's quota of ``scope`` explicit (the value it holds already)."""
+        queue = None if scope == ENV_SCOPE else scope
+        name = "concurrency" if scope == ENV_SCOPE else "total"
+        await self.configure_partitions(env, [("config", queue, name, str(quota))], [partition])
+
+    # ------------------------------------------------------------------ rebalancing
+
+    async def partition_use(
+        self, env: Environment, scopes: Sequence[str], partitions: int, queues: Sequence[str]
+    ) -> list[PartitionUse]:
+        """Every partition's quota, use and demand of ``scopes`` (one round trip)."""
+        members = [K.heads_member(k, env, q) for q in queues for k in (K.KIND_QUEUE, K.KIND_CK)]
+        totals = [s for s in scopes if s != ENV_SCOPE]
+        shards = self.keys.partition_shards(env, partitions)
+
+        def build(pipe: Any) -> None:
+            for p, shard in enumerate(shards):
+                e = self.keys.env(env, p)
+                pipe.hmget(e.config, ["burst_factor", *(quota_field(s) for s in scopes)])
+                pipe.scard(e.inflight)
+                for q in totals:
+                    qk = self.keys.queue(env, q, p)
+                    pipe.scard(qk.inflight)
+                    pipe.get(qk.ck_running_counter)
+                if members:
+                    pipe.zmscore(self.keys.shard(shard).heads, members)
+                for q in queues:
+                    pipe.zcard(self.keys.queue(env, q, p).ready_tenants)
+
+        now, rows = await self.timed_pipeline(build)
+        width = 2 + 2 * len(totals) + (1 + len(queues) if queues else 0)
+        return [
+            self._use(rows[p * width : (p + 1) * width], scopes, totals, queues, now)
+            for p in range(partitions)
+        ]
+
+    def _use(
+        self,
+        row: list[Any],
+        scopes: Sequence[str],
+        totals: Sequence[str],
+        queues: Sequence[str],
+        now: int,
+    ) -> PartitionUse:
+        config, inflight, *rest = row
+        burst = float(config[0]) if config[0] is not None else self.config.default_burst_factor
+        quota = {}
+        for scope, raw in zip(scopes, config[1:], strict=True):
+            fallback = self.config.default_env_concurrency if scope == ENV_SCOPE else UNLIMITED
+            quota[scope] = int(raw) if raw is not None else fallback
+        used = {ENV_SCOPE: math.ceil(int(inflight) / burst - 1e-9)}
+        for i, q in enumerate(totals):
+            used[q] = int(rest[2 * i]) + int(rest[2 * i + 1] or 0)
+        heads = rest[2 * len(totals)] if queues else []
+        tenants = rest[2 * len(totals) + 1 :]
+        per_queue = {}
+        for i, q in enumerate(queues):
+            ready = any(h is not None and float(h) <= now for h in (heads or [])[2 * i : 2 * i + 2])
+            # servable tenants of the fair order; a queue with ready runs counts one at least
+            per_queue[q] = float(max(int(tenants[i]), 1 if ready else 0))
+        demand = {ENV_SCOPE: sum(per_queue.values())}
+        for q in totals:
+            demand[q] = per_queue.get(q, 0.0)
+        return PartitionUse(quota, used, demand)
+
+    async def rebalance(
+        self, env: Environment, *, now_ms: int | None = None, locked: bool = True
+    ) -> int:
+        """One rebalancing pass over the environment's capped scopes (see the module's
+        docstring). With ``locked``, only one process at a time (a short lock; a pass that
+        finds it taken does nothing). Returns how much quota partitions gained."""
+        lock = self.keys.env(env).quota_lock
+        if locked and not await self.read(self.client.set(lock, b"1", nx=True, px=QUOTA_LOCK_MS)):
+            return 0
+        try:
+            return await self._rebalance(env, now_ms)
+        finally:
+            if locked:
+                await self.read(self.client.delete(lock))
+
+    async def _rebalance(self, env: Environment, now_ms: int | None) -> int:
+        ledger = await self.ledger(env)
+        if not ledger.caps:
+            return 0
+        served = (await self.placement(env)).served
+        scopes = sorted(ledger.caps)
+        queues = await self.queues(env)
+        uses = await self.partition_use(env, scopes, served, queues)
+        gained = 0
+        for scope in scopes:
+            quotas = [u.quota[scope] for u in uses]
+            used = [u.used[scope] for u in uses]
+            targets = quota_targets(ledger.caps[scope], used, [u.demand[scope] for u in uses])
+            after = await self._move(env, scope, quotas, targets, ledger.epoch, now_ms)
+            gained += sum(max(0, a - q) for a, q in zip(after, quotas, strict=True))
+            leaked = ledger.granted(scope) - sum(min(q, UNLIMITED) for q in quotas)
+            self._note_leak(env, scope, leaked > 0)
+        if any(self._leaking(env, scope) for scope in scopes):
+            await self.reconcile(env, now_ms=now_ms)
+        return gained
+
+    async def _move(
+        self,
+        env: Environment,
+        scope: str,
+        quotas: list[int],
+        targets: list[int],
+        epoch: int,
+        now_ms: int | None,
+    ) -> list[int]:
+        """Release what partitions hold above their target (then return it to the ledger),
+        then grant what others lack (then add it to their quota)."""
+        after = list(quotas)
+
+        async def release(p: int) -> None:
+            want = quotas[p] - targets[p]
+            reply = await self._partition_call(env, p, ["release", scope, str(want)], now_ms)
+            released, after[p] = int(reply[1]), int(reply[2])
+            if released:
+                args = ["return", scope, str(p), str(released), str(epoch)]
+                await self._ledger_call(env, args, now_ms)
+
+        async def grant(p: int) -> None:
+            args = ["grant", scope, str(p), str(targets[p] - quotas[p])]
+            reply = await self._ledger_call(env, args, now_ms)
+            granted, at = int(reply[1]), int(reply[2])
+            if granted:
+                added = await self._partition_call(
+                    env, p, ["add", scope, str(granted), str(at)], now_ms
+                )
+                after[p] = int(added[2])
+
+        await asyncio.gather(*(release(p) for p in range(len(quotas)) if quotas[p] > targets[p]))
+        await asyncio.gather(*(grant(p) for p in range(len(quotas)) if quotas[p] < targets[p]))
+        return after
+
+    def _note_leak(self, env: Environment, scope: str, leaking: bool) -> None:
+        key = (env.id, scope)
+        if not leaking:
+            self._leaks.pop(key, None)
+        else:
+            self._leaks.setdefault(key, time.monotonic())
+
+    def _leaking(self, env: Environment, scope: str) -> bool:
+        since = self._leaks.get((env.id, scope))
+        return since is not None and time.monotonic() - since >= RECONCILE_AFTER_S
+
+    async def reconcile(self, env: Environment, *, now_ms: int | None = None) -> bool:
+        """Heal quota lost between the two steps of a move: hold the ledger, fence every
+        partition (moves begun before are refused there) reading what it holds, then make
+        each grant what its partition holds. Returns whether it completed (False: another
+        reconciliation or a lost reply got in between; nothing is over-granted either way)."""
+        ledger = await self.ledger(env)
+        scopes = sorted(ledger.caps)
+        if not scopes:
+            return True
+        served = (await self.placement(env)).served
+        begun = await self._ledger_call(env, ["begin", str(RECONCILE_HOLD_MS)], now_ms)
+        epoch = str(int(begun[1]))
+        fences = await asyncio.gather(
+            *(
+                self._partition_call(env, p, ["fence", epoch, *scopes], now_ms)
+                for p in range(served)
+            )
+        )
+        quotas: list[str] = []
+        for p, reply in enumerate(fences):
+            for scope, quota in zip(scopes, reply[1:], strict=True):
+                quotas += [scope, str(p), str(min(int(quota), UNLIMITED))]
+        done = await self._ledger_call(env, ["end", epoch, *quotas], now_ms)
+        for scope in scopes:
+            self._leaks.pop((env.id, scope), None)
+        return bool(int(done[1]))
+
+    async def rebalance_spread(self, *, now_ms: int | None = None) -> None:
+        """A rebalancing pass over every spread environment (maintenance calls it)."""
+        for env_id in sorted(await self.spread_placements()):
+            await self.rebalance(Environment.parse(env_id), now_ms=now_ms)
