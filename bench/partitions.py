@@ -34,17 +34,14 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
-from fairq.config import RunQueueConfig  # noqa: E402
-from fairq.keys import Environment, encode_tenant, tenant_partition  # noqa: E402
-from fairq.models import EnqueueRequest  # noqa: E402
-from fairq.server import EmbeddedServer, connect  # noqa: E402
-from fairq.store import RunQueue  # noqa: E402
-from fairq.store._core import StoreCore  # noqa: E402
+from fairq.config import RunQueueConfig
+from fairq.keys import Environment, encode_tenant, tenant_partition
+from fairq.models import EnqueueRequest
+from fairq.server import EmbeddedServer, connect
+from fairq.store import RunQueue
+from fairq.store._core import StoreCore
 
 T0 = 1_000_000
 QUEUE = "bench"
@@ -142,7 +139,9 @@ def tenants_apart(count: int, partitions: int) -> list[str]:
     names: dict[int, str] = {}
     i = 0
     while len(names) < count:
-        names.setdefault(tenant_partition(encode_tenant(f"tenant{i}"), "", partitions), f"tenant{i}")
+        names.setdefault(
+            tenant_partition(encode_tenant(f"tenant{i}"), "", partitions), f"tenant{i}"
+        )
         i += 1
     return list(names.values())
 
@@ -158,7 +157,11 @@ async def shares(
     if partitions > 1:
         await rq.set_partitions(env, partitions)
     names = tenants_apart(3 if workload == "weights" else 2, max(partitions, 3))
-    weights = dict(zip(names, (1, 2, 4), strict=False)) if workload == "weights" else dict.fromkeys(names, 1)
+    weights = (
+        dict(zip(names, (1, 2, 4), strict=False))
+        if workload == "weights"
+        else dict.fromkeys(names, 1)
+    )
     keys = dict.fromkeys(names, 1) if workload == "weights" else {names[0]: 1, names[1]: 9}
     for t, w in weights.items():
         if w != 1:

@@ -21,7 +21,7 @@ from fairq.errors import InvalidLimitError
 from fairq.keys import Environment, encode_tenant, tenant_partition
 from fairq.models import Delivery, EnqueueRequest
 from fairq.store import RunQueue
-from fairq.store.quotas import ENV_SCOPE, UNLIMITED, quota_targets
+from fairq.store.quotas import ENV_SCOPE, NO_TOTAL, quota_targets
 
 QUEUE = "jobs"
 T0 = 1_000_000
@@ -58,7 +58,7 @@ async def in_flight(rq: RunQueue, env: Environment, partitions: int) -> list[int
 async def quotas(rq: RunQueue, env: Environment, partitions: int, scope: str) -> list[int]:
     field = "concurrency" if scope == ENV_SCOPE else f"q:{scope}:total"
     raw = [await rq.client.hget(rq.keys.env(env, p).config, field) for p in range(partitions)]
-    return [UNLIMITED if v is None else int(v) for v in raw]
+    return [NO_TOTAL if v is None else int(v) for v in raw]
 
 
 async def check_invariants(
@@ -167,7 +167,7 @@ async def test_release_gives_back_only_what_a_partition_does_not_use(
     await backlog(rq, env, [tenant], 20)
     got = await rq.dequeue(4, env=env, queues=[QUEUE], now_ms=T0)
     assert {d.partition for d in got} == {0} and len(got) == 4
-    reply = await rq._partition_call(env, 0, ["release", ENV_SCOPE, str(UNLIMITED)], T0)
+    reply = await rq._partition_call(env, 0, ["release", ENV_SCOPE, str(NO_TOTAL)], T0)
     assert int(reply[2]) == 4  # its 4 runs in flight stay covered
     assert await rq.dequeue(4, env=env, queues=[QUEUE], now_ms=T0) == []
 
@@ -230,7 +230,7 @@ async def test_changing_the_limit_of_a_spread_environment_changes_its_cap(
     assert (await rq.ledger(env)).caps[QUEUE] == 2
     await rq.set_queue_total_concurrency(env, QUEUE, None)
     assert QUEUE not in (await rq.ledger(env)).caps
-    assert set(await quotas(rq, env, 3, QUEUE)) == {UNLIMITED}
+    assert set(await quotas(rq, env, 3, QUEUE)) == {NO_TOTAL}
 
 
 async def test_back_to_one_partition_gives_it_the_whole_cap(

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from fairq import keys as K
+from fairq.config import MAX_LIMIT
 from fairq.keys import Environment
 from fairq.store._core import StoreCore, text_of
 
@@ -49,7 +50,7 @@ QUOTA_LOCK_MS: Final = 2_000
 #: rebalance reconciles (s): a move in flight shows the same for a moment.
 RECONCILE_AFTER_S: Final = 10.0
 #: A queue without a total, as a quota (the scripts' UNLIMITED).
-UNLIMITED: Final = 1_000_000_000
+NO_TOTAL: Final = MAX_LIMIT
 
 
 def quota_field(scope: str) -> str:
@@ -177,7 +178,7 @@ class QuotaOps(StoreCore):
         epoch = (await self.ledger(env)).epoch
         for p in partitions:
             released = int(
-                (await self._partition_call(env, p, ["release", scope, str(UNLIMITED)], now_ms))[1]
+                (await self._partition_call(env, p, ["release", scope, str(MAX_LIMIT)], now_ms))[1]
             )
             if released:
                 await self._ledger_call(
@@ -284,7 +285,7 @@ class QuotaOps(StoreCore):
         burst = float(config[0]) if config[0] is not None else self.config.default_burst_factor
         quota = {}
         for scope, raw in zip(scopes, config[1:], strict=True):
-            fallback = self.config.default_env_concurrency if scope == ENV_SCOPE else UNLIMITED
+            fallback = self.config.default_env_concurrency if scope == ENV_SCOPE else NO_TOTAL
             quota[scope] = int(raw) if raw is not None else fallback
         used = {ENV_SCOPE: math.ceil(int(inflight) / burst - 1e-9)}
         for i, q in enumerate(totals):
@@ -331,7 +332,7 @@ class QuotaOps(StoreCore):
             targets = quota_targets(ledger.caps[scope], used, [u.demand[scope] for u in uses])
             after = await self._move(env, scope, quotas, targets, ledger.epoch, now_ms)
             gained += sum(max(0, a - q) for a, q in zip(after, quotas, strict=True))
-            leaked = ledger.granted(scope) - sum(min(q, UNLIMITED) for q in quotas)
+            leaked = ledger.granted(scope) - sum(min(q, NO_TOTAL) for q in quotas)
             self._note_leak(env, scope, leaked > 0)
         if any(self._leaking(env, scope) for scope in scopes):
             await self.reconcile(env, now_ms=now_ms)
@@ -404,7 +405,7 @@ class QuotaOps(StoreCore):
         quotas: list[str] = []
         for p, reply in enumerate(fences):
             for scope, quota in zip(scopes, reply[1:], strict=True):
-                quotas += [scope, str(p), str(min(int(quota), UNLIMITED))]
+                quotas += [scope, str(p), str(min(int(quota), NO_TOTAL))]
         done = await self._ledger_call(env, ["end", epoch, *quotas], now_ms)
         for scope in scopes:
             self._leaks.pop((env.id, scope), None)

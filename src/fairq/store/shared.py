@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Final
 
 from fairq.config import MAX_ATTEMPTS, MAX_DEQUEUE_COUNT, MAX_LIMIT
-from fairq.keys import MAX_NAME_LENGTH
+from fairq.keys import MAX_NAME_LENGTH, MAX_PARTITIONS
 from fairq.outcomes import FINISH_STATUSES
 from fairq.store import history, validate
 from fairq.store.run_hash import OUTCOME_POLICIES
@@ -46,6 +46,8 @@ ARG_RULES: Final[dict[str, Value]] = {
     "trace_context_chars": validate.MAX_TRACE_CONTEXT_CHARS,
     "progress_bytes": validate.MAX_PROGRESS_BYTES,
     "finish_statuses": FINISH_STATUSES,
+    "partition": MAX_PARTITIONS - 1,
+    "quota_hold_ms": validate.MAX_QUOTA_HOLD_MS,
     "outcome_policies": OUTCOME_POLICIES,
 }
 #: ``AUDIT.<name>``: an environment's audit list as audit.lua writes it.

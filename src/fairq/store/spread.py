@@ -284,7 +284,7 @@ class SpreadOps(StoreCore):
         if old is not None:
             old.cancel()
         task = asyncio.get_running_loop().create_task(
-            self.spread_view(env, queues, partitions, None)
+            self.spread_view(env, queues, partitions, None), name="fairq-view"
         )
         task.add_done_callback(_retrieve)
         self._views[key] = task

@@ -30,6 +30,8 @@ MAX_DEQUEUE_QUEUES: Final = 1_000
 MAX_LEASE_TOKEN: Final = 10**15
 #: The longest progress a heartbeat records: ``fraction:message`` (UTF-8 bytes).
 MAX_PROGRESS_BYTES: Final = 1_100
+#: The longest a quota reconciliation may hold an environment's ledger (ms).
+MAX_QUOTA_HOLD_MS: Final = 60_000
 #: An audit entry's fields: shortest and longest (UTF-8 bytes).
 AUDIT_FIELD_BYTES: Final = {
     "who": (1, 200), "action": (1, 64), "target": (1, 500), "detail": (0, 2000),

@@ -34,11 +34,10 @@ local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
 local op = arg_word(ARGV[FIRST_ARG + 1], 'operation', {'grant', 'return', 'cap', 'begin', 'end'})
 local Q = env_key(env_prefix(tag, env_id), 'quota')
-local MAX_PARTITION = 255
 
 local function arg_scope(value)
   if value == '*' then return value end
-  return arg_name(value, 'scope', 128)
+  return arg_name(value, 'scope', ARG_RULES.name_length)
 end
 
 local function held()
@@ -63,7 +62,7 @@ end
 
 if op == 'grant' then
   local scope = arg_scope(ARGV[FIRST_ARG + 2])
-  local p = arg_int(ARGV[FIRST_ARG + 3], 'partition', 0, MAX_PARTITION)
+  local p = arg_int(ARGV[FIRST_ARG + 3], 'partition', 0, ARG_RULES.partition)
   local wanted = arg_int(ARGV[FIRST_ARG + 4], 'wanted', 0, UNLIMITED)
   local cap = tonumber(redis.call('HGET', Q, 'cap:' .. scope))
   if cap == nil or held() then return {S.OK, 0, epoch_now()} end
@@ -72,7 +71,7 @@ if op == 'grant' then
   return {S.OK, g, epoch_now()}
 elseif op == 'return' then
   local scope = arg_scope(ARGV[FIRST_ARG + 2])
-  local p = arg_int(ARGV[FIRST_ARG + 3], 'partition', 0, MAX_PARTITION)
+  local p = arg_int(ARGV[FIRST_ARG + 3], 'partition', 0, ARG_RULES.partition)
   local amount = arg_int(ARGV[FIRST_ARG + 4], 'amount', 0, UNLIMITED)
   local epoch = arg_int(ARGV[FIRST_ARG + 5], 'epoch', 0, UNLIMITED)
   if held() or epoch ~= epoch_now() then return {S.OK, 0} end
@@ -99,7 +98,7 @@ elseif op == 'cap' then
   redis.call('HSET', Q, 'cap:' .. scope, arg_int(raw, 'cap', 0, UNLIMITED))
   return {S.OK, 0}
 elseif op == 'begin' then
-  local hold = arg_int(ARGV[FIRST_ARG + 2], 'hold', 1, 60000)
+  local hold = arg_int(ARGV[FIRST_ARG + 2], 'hold', 1, ARG_RULES.quota_hold_ms)
   local epoch = redis.call('HINCRBY', Q, 'epoch', 1)
   redis.call('HSET', Q, 'hold', C.now + hold)
   return {S.OK, epoch}
@@ -111,7 +110,7 @@ local set = {}
 for r = 0, count - 1 do
   local i = FIRST_ARG + 3 + r * 3
   local scope = arg_scope(ARGV[i])
-  local p = arg_int(ARGV[i + 1], 'partition', 0, MAX_PARTITION)
+  local p = arg_int(ARGV[i + 1], 'partition', 0, ARG_RULES.partition)
   local quota = arg_int(ARGV[i + 2], 'quota', 0, UNLIMITED)
   set[#set + 1] = 'grant:' .. scope .. ':' .. p
   set[#set + 1] = quota

@@ -34,7 +34,7 @@ local record = env_key(V, 'quota')
 
 local function arg_scope(value)
   if value == '*' then return value end
-  return arg_name(value, 'scope', 128)
+  return arg_name(value, 'scope', ARG_RULES.name_length)
 end
 
 -- The config field that holds a scope's quota.
