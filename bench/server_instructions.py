@@ -16,7 +16,11 @@ Workloads (``--workloads``, comma-separated):
   op: one batch of 10);
 * ``fair:KEYS:TENANTS`` / ``age:KEYS:TENANTS``: dequeue 10 + ack of keyed runs in the
   fair / age order, KEYS busy keys owned by TENANTS named tenants (0: each key its own),
-  as ``bench/ck_throughput.py --tenants`` (per op: one batch of 10).
+  as ``bench/ck_throughput.py --tenants`` (per op: one batch of 10);
+* ``spread:S:TENANTS``: ``dequeue_batch(10, env=...)`` + ``ack`` in the fair order of an
+  environment spread over S partitions, TENANTS named tenants of weights 1, 2, 4 in turn
+  (keyless runs), the worker's way: the partition view read included (per op: one batch
+  of 10).
 
 ``--against REF`` measures the same workloads on a git ref too (checked out into a
 temporary worktree, imported instead of this checkout), and reports REF / this ratios.
@@ -103,6 +107,8 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
         _instrument(pid, False)
         await app.aclose()
         return measured
+    if workload.startswith("spread:"):
+        return await _spread_client(workload, n, url, pid)
     order, keys_text, tenants_text = workload.split(":")
     keys, tenants = int(keys_text), int(tenants_text)
     config = RunQueueConfig(prefix="bi", default_env_concurrency=100_000)
@@ -126,6 +132,44 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
         if not batch:
             break
         done += len(batch)
+        batches += 1
+    _instrument(pid, False)
+    await rq.close()
+    return batches - WARM_OPS
+
+
+async def _spread_client(workload: str, n: int, url: str, pid: int) -> int:
+    """``spread:S:TENANTS``: batches of 10 of an environment spread over S partitions."""
+    from fairq import RunQueueConfig
+    from fairq.keys import Environment
+    from fairq.models import EnqueueRequest
+    from fairq.server import connect
+    from fairq.store import RunQueue
+
+    _, partitions_text, tenants_text = workload.split(":")
+    partitions, tenants = int(partitions_text), int(tenants_text)
+    config = RunQueueConfig(prefix="bs", shard_count=24, default_env_concurrency=100_000)
+    rq = RunQueue(await connect(url), config.with_vtime(enabled=True), rng=random.Random(1))
+    env = Environment("bench", "p", "spread")
+    if partitions > 1:
+        await rq.set_partitions(env, partitions)
+    for t in range(tenants):
+        if t % 3:
+            await rq.set_tenant_weight(env, f"t{t}", (1, 2, 4)[t % 3])
+    total = n + WARM_OPS * 10
+    requests = [
+        EnqueueRequest(env, "bench", f"r{i}", {}, tenant=f"t{i % tenants}") for i in range(total)
+    ]
+    for i in range(0, total, 1000):
+        await rq.enqueue_many(requests[i : i + 1000])
+    batches = 0
+    while True:
+        if batches == WARM_OPS:
+            _instrument(pid, True)
+        batch = await rq.dequeue_batch(10, env=env, queues=["bench"])
+        await rq.ack(batch.deliveries)
+        if not batch.deliveries:
+            break
         batches += 1
     _instrument(pid, False)
     await rq.close()

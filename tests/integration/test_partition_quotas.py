@@ -275,10 +275,21 @@ async def test_a_bad_partition_quota_call_is_refused_and_changes_nothing(
 
 
 def test_quota_targets_keep_what_is_used_and_share_the_rest_by_demand() -> None:
-    assert quota_targets(10, [2, 0, 1], [1, 1, 0]) == [6, 3, 1]
-    assert quota_targets(10, [2, 0, 1], [0, 0, 0]) == [5, 2, 3]  # no demand: evenly
-    assert quota_targets(4, [3, 3, 0], [1, 1, 1]) == [3, 3, 0]  # over the cap: nothing more
-    assert sum(quota_targets(7, [0, 0, 0], [1, 1, 1])) == 7
+    assert quota_targets(10, [2, 0, 1], [1, 1, 0])[0] == [6, 3, 1]
+    assert quota_targets(10, [2, 0, 1], [0, 0, 0])[0] == [5, 2, 3]  # no demand: evenly
+    assert quota_targets(4, [3, 3, 0], [1, 1, 1])[0] == [3, 3, 0]  # over the cap: nothing more
+    assert sum(quota_targets(7, [0, 0, 0], [1, 1, 1])[0]) == 7
+
+
+def test_a_cap_smaller_than_the_partitions_with_work_rotates_by_credit() -> None:
+    """One slot, three partitions owed a third each: over three passes each gets it once
+    (without the credit the lowest partition would get it every time)."""
+    credit = None
+    winners = []
+    for _ in range(6):
+        targets, credit = quota_targets(1, [0, 0, 0], [1.0, 1.0, 1.0], credit)
+        winners.append(targets.index(1))
+    assert sorted(winners) == [0, 0, 1, 1, 2, 2]
 
 
 async def test_grants_made_at_once_never_sum_above_the_cap(

@@ -34,6 +34,23 @@ def _summary_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return rows
 
 
+def _shards(text: str | None) -> list[int] | None:
+    """``--shards 1,3,6`` as partition counts (each 1..64)."""
+    if text is None:
+        return None
+    from fairq.sim.scenario import MAX_SHARDS
+
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or not all(1 <= n <= MAX_SHARDS for n in counts):
+        raise click.BadParameter(
+            f"a comma-separated list of integers in 1..{MAX_SHARDS}", param_hint="--shards"
+        )
+    return counts
+
+
 @click.command("sim")
 @click.argument("scenarios", nargs=-1)
 @click.option(
@@ -47,6 +64,10 @@ def _summary_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
               help="Write the records (a JSON list) to FILE ('-' = stdout).")  # fmt: skip
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
               help="Write one PNG per scenario (seed 0) into DIR.")  # fmt: skip
+@click.option("--shards", "shards_text", default=None, metavar="S[,S...]",
+              help="Run each scenario with its environments spread over each partition "
+              "count (e.g. 1,3,6), to compare the shares. Default: the scenario's own.",
+              )  # fmt: skip
 @click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @url_option
@@ -60,6 +81,7 @@ async def command(
     list_only: bool,
     quiet: bool,
     url: str | None,
+    shards_text: str | None,
 ) -> None:
     """Run SCENARIO... (built-in names or .toml files) under each discipline and seed.
 
@@ -99,7 +121,7 @@ async def command(
             specs = [parse_discipline(s).spec for s in specs]
         except DisciplineError as exc:
             raise click.BadParameter(str(exc), param_hint="--discipline") from None
-    runs = plan(chosen, None if use_tables else specs, seeds)
+    runs = plan(chosen, None if use_tables else specs, seeds, _shards(shards_text))
 
     def keep(spec: RunSpec) -> bool:
         return plot_dir is not None and spec.seed == 0

@@ -179,7 +179,7 @@ class Simulation:
         )
         config = RunQueueConfig(
             prefix=prefix,
-            shard_count=1,
+            shard_count=scenario.shards,
             default_env_concurrency=scenario.env_concurrency,
             lease_ms=SIM_LEASE_MS,
             # the store's default unless the discipline sets it: age 1, fair the whole call
@@ -241,6 +241,8 @@ class Simulation:
     async def setup(self) -> None:
         s, w, rq = self.scenario, self.workload, self.rq
         for env, queues in self.env_queues.items():
+            if s.shards > 1:  # spread first: the limits below are then cluster-wide caps
+                await rq.set_partitions(env, s.shards)
             await rq.set_env_limits(env, concurrency=s.env_concurrency, burst_factor=s.burst_factor)
             options: dict[str, object] = {}
             if self.per_key_cap:

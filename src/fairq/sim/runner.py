@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fairq.server import EmbeddedServer, connect
 from fairq.sim.disciplines import Discipline, parse_discipline
@@ -55,14 +55,22 @@ def discipline_label(
     unapplied = unapplied_fields(scenario, discipline)
     if unapplied:
         label += f" (not applied: {', '.join(unapplied)})"
+    if scenario.shards > 1:
+        label += f" (shards {scenario.shards})"
     return label
 
 
 def plan(
-    scenarios: Sequence[Scenario], disciplines: Sequence[str] | None, seeds: int
+    scenarios: Sequence[Scenario],
+    disciplines: Sequence[str] | None,
+    seeds: int,
+    shards: Sequence[int] | None = None,
 ) -> list[RunSpec]:
-    """Every run, in a stable order. ``disciplines`` None = each scenario's own table."""
+    """Every run, in a stable order. ``disciplines`` None = each scenario's own table;
+    ``shards``: run each scenario once per partition count (None: its own ``shards``)."""
     runs = []
+    if shards:
+        scenarios = [replace(scenario, shards=s) for scenario in scenarios for s in shards]
     for scenario in scenarios:
         specs = scenario.disciplines if disciplines is None else disciplines
         for spec in specs:

@@ -19,6 +19,8 @@ Top-level fields (defaults in brackets)::
     hold_steps      HOLD [1]                    per_key_cap   int >= 0 [0 = none]
     total_cap       int >= 0 [0 = none]         disciplines   [string] [["age", "sfq"]]
     borrow          bool [false]                charge        "count" | "duration" ["count"]
+    shards          int 1..64 [1]   partitions each environment is spread over (its
+                    tenants by a hash of their name; see docs/cluster.md)
     [[groups]]      one or more GROUP tables
 
     GROUP: name (string, unique), keys (int >= 1), messages_per_key (int >= 1),
@@ -64,6 +66,8 @@ Charge = Literal["count", "duration"]
 MAX_MESSAGES = 2_000_000
 #: Largest number of keys one scenario may declare.
 MAX_KEYS = 100_000
+#: Most partitions a scenario may spread an environment over.
+MAX_SHARDS = 64
 #: Largest number of steps a scenario may run for.
 MAX_STEPS = 10_000_000
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -163,6 +167,8 @@ class Scenario:
     source: str = ""
     borrow: bool = False
     charge: Charge = "count"
+    #: Partitions each environment is spread over (1: its shard alone).
+    shards: int = 1
 
     @property
     def total_messages(self) -> int:
@@ -415,7 +421,7 @@ class _Checker:
 _TOP_FIELDS = {
     "name", "description", "grain", "env_concurrency", "burst_factor", "max_count",
     "hold_steps", "per_key_cap", "total_cap", "steps_limit", "disciplines", "groups",
-    "borrow", "charge",
+    "borrow", "charge", "shards",
 }  # fmt: skip
 _GROUP_FIELDS = {
     "name", "keys", "messages_per_key", "weight", "arrival", "hold_steps", "queues_per_key",
@@ -448,6 +454,7 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
     total_cap = c.integer(data.get("total_cap", 0), "total_cap", 0, 1_000_000)
     steps_limit = c.integer(data.get("steps_limit", 100_000), "steps_limit", 1, MAX_STEPS)
     borrow = c.boolean(data.get("borrow", False), "borrow")
+    shards = c.integer(data.get("shards", 1), "shards", 1, MAX_SHARDS)
     charge = data.get("charge", "count")
     if charge not in ("count", "duration"):
         raise c.fail("charge", f'must be "count" or "duration", got {charge!r}')
@@ -493,6 +500,7 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
         source=source,
         borrow=borrow,
         charge=charge,
+        shards=shards,
     )
     if sum(g.keys for g in groups) > MAX_KEYS:
         raise c.fail("groups", f"more than {MAX_KEYS} keys in all")

@@ -63,6 +63,7 @@ class RunQueue(
         self._floor_hints = {}
         self._leaks = {}
         self._rebalanced = {}
+        self._credits = {}
 
 
 __all__ = [

@@ -16,8 +16,9 @@ then each grant becomes the quota its partition really holds), and a rebalance r
 when the ledger has granted more than the partitions hold.
 
 Rebalancing (:meth:`QuotaOps.rebalance`): every partition keeps what it uses; the rest
-of a cap goes to the partitions with servable work, in proportion to their servable
-tenants (the fair order) or by a share each (only age-order queues); with no work
+of a cap goes to the partitions with servable work, in proportion to the summed weight
+of their servable tenants (the fair order: up to DEMAND_TENANTS a queue) or by a share
+each (only age-order queues); with no work
 anywhere, evenly. Partitions with no work give back what they do not use as soon as
 another has work, so idle quota goes where work waits within one pass.
 Consumers run a pass with their maintenance (once per interval across processes, under
@@ -49,6 +50,8 @@ QUOTA_LOCK_MS: Final = 2_000
 #: How long the ledger may show more granted than the partitions hold before a
 #: rebalance reconciles (s): a move in flight shows the same for a moment.
 RECONCILE_AFTER_S: Final = 10.0
+#: Servable tenants per queue and partition whose weights a rebalance sums (demand).
+DEMAND_TENANTS: Final = 100
 #: A queue without a total, as a quota (the scripts' UNLIMITED).
 NO_TOTAL: Final = MAX_LIMIT
 
@@ -94,26 +97,39 @@ def parse_ledger(raw: dict[Any, Any]) -> Ledger:
     return Ledger(caps, grants, epoch)
 
 
-def quota_targets(cap: int, used: Sequence[int], demand: Sequence[float]) -> list[int]:
+def quota_targets(
+    cap: int,
+    used: Sequence[int],
+    demand: Sequence[float],
+    credit: Sequence[float] | None = None,
+) -> tuple[list[int], list[float]]:
     """Each partition's quota: what it uses, and the rest of the cap shared among the
-    partitions with demand in proportion to it (largest remainders first; ties to the
-    lower partition). With no demand anywhere the rest is shared evenly (so the first
-    runs after a quiet time start without waiting for a rebalance)."""
+    partitions with demand in proportion to it. Whole slots only: the fraction a
+    partition is owed but not given this pass is its ``credit`` for the next (the slots
+    left over go to the largest owed fractions, ties to the lower partition), so over
+    passes every partition gets its share even when the cap is smaller than the number
+    of partitions with work. With no demand anywhere the rest is shared evenly (so the
+    first runs after a quiet time start without waiting for a rebalance). Returns the
+    targets and the credits to pass next time."""
+    owed = list(credit) if credit is not None else [0.0] * len(used)
     targets = list(used)
     rest = cap - sum(used)
     if rest <= 0 or not used:
-        return targets
+        return targets, owed
     total = sum(demand)
     if total <= 0:
         demand, total = [1.0] * len(used), float(len(used))
-    shares = [rest * d / total for d in demand]
-    for p, share in enumerate(shares):
-        targets[p] += int(share)
-    left = rest - sum(int(s) for s in shares)
-    order = sorted(range(len(shares)), key=lambda p: (-(shares[p] - int(shares[p])), p))
-    for p in order[:left]:
-        targets[p] += 1
-    return targets
+    exact = [rest * d / total + (owed[p] if d > 0 else 0.0) for p, d in enumerate(demand)]
+    whole = [max(0, min(rest, math.floor(x))) for x in exact]
+    while sum(whole) > rest:  # (credits can ask for more than there is)
+        whole[max(range(len(whole)), key=lambda p: (whole[p], -p))] -= 1
+    left = rest - sum(whole)
+    order = sorted(range(len(exact)), key=lambda p: (-(exact[p] - whole[p]), p))
+    for p in [p for p in order if demand[p] > 0][:left]:
+        whole[p] += 1
+    new_credit = [max(-1.0, min(1.0, exact[p] - whole[p])) if demand[p] > 0 else 0.0
+                  for p in range(len(used))]  # fmt: skip
+    return [u + w for u, w in zip(used, whole, strict=True)], new_credit
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +144,8 @@ class PartitionUse:
 class QuotaOps(StoreCore):
     #: (env id, scope) -> since when the ledger has shown quota no partition holds.
     _leaks: dict[tuple[str, str], float]
+    #: (env id, scope) -> each partition's owed fraction of a slot (quota_targets).
+    _credits: dict[tuple[str, str], list[float]]
 
     if TYPE_CHECKING:
 
@@ -247,7 +265,8 @@ class QuotaOps(StoreCore):
     async def partition_use(
         self, env: Environment, scopes: Sequence[str], partitions: int, queues: Sequence[str]
     ) -> list[PartitionUse]:
-        """Every partition's quota, use and demand of ``scopes`` (one round trip)."""
+        """Every partition's quota, use and demand of ``scopes``: one round trip, and one
+        more for the weights of the servable tenants when there are any."""
         members = [K.heads_member(k, env, q) for q in queues for k in (K.KIND_QUEUE, K.KIND_CK)]
         totals = [s for s in scopes if s != ENV_SCOPE]
         shards = self.keys.partition_shards(env, partitions)
@@ -264,14 +283,49 @@ class QuotaOps(StoreCore):
                 if members:
                     pipe.zmscore(self.keys.shard(shard).heads, members)
                 for q in queues:
-                    pipe.zcard(self.keys.queue(env, q, p).ready_tenants)
+                    tq = self.keys.queue(env, q, p).ready_tenants
+                    pipe.zrange(tq, 0, DEMAND_TENANTS - 1)
 
         now, rows = await self.timed_pipeline(build)
         width = 2 + 2 * len(totals) + (1 + len(queues) if queues else 0)
+        head = width - len(queues)  # before the servable tenants' lists
+        parts = [rows[p * width : (p + 1) * width] for p in range(partitions)]
+        servable = [
+            {q: [text_of(m) for m in row[head + i]] for i, q in enumerate(queues)} for row in parts
+        ]
+        weights = await self._tenant_weights(env, servable)
         return [
-            self._use(rows[p * width : (p + 1) * width], scopes, totals, queues, now)
+            self._use(parts[p][:head], scopes, totals, queues, now, weights[p])
             for p in range(partitions)
         ]
+
+    async def _tenant_weights(
+        self, env: Environment, servable: list[dict[str, list[str]]]
+    ) -> list[dict[str, float]]:
+        """Per partition and queue, the summed weight of its servable tenants (a tenant's
+        own weight, else for a key serving as its tenant the key's, else 1)."""
+        if not any(names for by_queue in servable for names in by_queue.values()):
+            return [dict.fromkeys(by_queue, 0.0) for by_queue in servable]
+
+        def build(pipe: Any) -> None:
+            for p, by_queue in enumerate(servable):
+                for q, names in by_queue.items():
+                    if names:
+                        pipe.hmget(self.keys.env(env, p).tenant_weights, names)
+                        pipe.hmget(self.keys.queue(env, q, p).key_weights, names)
+
+        rows = iter(await self.pipeline(build))
+        out = []
+        for by_queue in servable:
+            summed = {}
+            for q, names in by_queue.items():
+                own, keyed = (next(rows), next(rows)) if names else ([], [])
+                summed[q] = sum(
+                    float(t if t is not None else k if k is not None else 1.0)
+                    for t, k in zip(own, keyed, strict=True)
+                )
+            out.append(summed)
+        return out
 
     def _use(
         self,
@@ -280,6 +334,7 @@ class QuotaOps(StoreCore):
         totals: Sequence[str],
         queues: Sequence[str],
         now: int,
+        weights: dict[str, float],
     ) -> PartitionUse:
         config, inflight, *rest = row
         burst = float(config[0]) if config[0] is not None else self.config.default_burst_factor
@@ -291,12 +346,11 @@ class QuotaOps(StoreCore):
         for i, q in enumerate(totals):
             used[q] = int(rest[2 * i]) + int(rest[2 * i + 1] or 0)
         heads = rest[2 * len(totals)] if queues else []
-        tenants = rest[2 * len(totals) + 1 :]
         per_queue = {}
         for i, q in enumerate(queues):
             ready = any(h is not None and float(h) <= now for h in (heads or [])[2 * i : 2 * i + 2])
-            # servable tenants of the fair order; a queue with ready runs counts one at least
-            per_queue[q] = float(max(int(tenants[i]), 1 if ready else 0))
+            # the weight of its servable tenants (fair order); ready runs count 1 at least
+            per_queue[q] = max(weights.get(q, 0.0), 1.0 if ready else 0.0)
         demand = {ENV_SCOPE: sum(per_queue.values())}
         for q in totals:
             demand[q] = per_queue.get(q, 0.0)
@@ -329,7 +383,13 @@ class QuotaOps(StoreCore):
         for scope in scopes:
             quotas = [u.quota[scope] for u in uses]
             used = [u.used[scope] for u in uses]
-            targets = quota_targets(ledger.caps[scope], used, [u.demand[scope] for u in uses])
+            demand = [u.demand[scope] for u in uses]
+            credit = self._credits.get((env.id, scope))
+            if credit is not None and len(credit) != len(uses):
+                credit = None
+            targets, self._credits[(env.id, scope)] = quota_targets(
+                ledger.caps[scope], used, demand, credit
+            )
             after = await self._move(env, scope, quotas, targets, ledger.epoch, now_ms)
             gained += sum(max(0, a - q) for a, q in zip(after, quotas, strict=True))
             leaked = ledger.granted(scope) - sum(min(q, NO_TOTAL) for q in quotas)

@@ -149,6 +149,15 @@ def rank_partitions(view: SpreadView, hint: float | None = None) -> list[int]:
     return [s.partition for s in ready]
 
 
+def quota_short(view: SpreadView, max_count: int) -> bool:
+    """Whether a partition with work has fewer slots under its quota than a batch could
+    take: quota may sit unused elsewhere (or in the ledger)."""
+    return any(
+        s.oldest_ready is not None and s.room is not None and s.room < max_count
+        for s in view.states
+    )
+
+
 def next_wait_ms(states: Sequence[PartitionState], now: int) -> int | None:
     """How long until a partition's earliest future head is ready (None: none known)."""
     due = [s.next_due for s in states if s.next_due is not None]
@@ -310,11 +319,9 @@ class SpreadOps(StoreCore):
         if not ranked and prefetched:  # work may have arrived since it was read
             view = await self.spread_view(env, queues, partitions, now_ms)
             ranked = rank_partitions(view, self._floor_hints.get(env.id))
-        starved = [s for s in view.states if s.oldest_ready is not None and s.room is not None
-                   and s.room < max_count]  # fmt: skip
-        if starved and await self.quota_wanted(env, now_ms):
-            # a partition with work and less quota left than the batch could take: quota
-            # moved to it (from partitions that do not use theirs); read again
+        if quota_short(view, max_count) and await self.quota_wanted(env, now_ms):
+            # quota moved to where work waits (from partitions that do not use theirs, or
+            # the pool); read again
             view = await self.spread_view(env, queues, partitions, now_ms)
             ranked = rank_partitions(view, self._floor_hints.get(env.id))
         full = {s.partition for s in view.states if s.room is not None and s.room <= 0}
