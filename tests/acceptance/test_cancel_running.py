@@ -223,10 +223,14 @@ async def test_an_abandoned_async_run_gives_its_worker_slot_back(app: Fairq) -> 
 QUICK_RETRY = RetryPolicy(max_attempts=3, min_delay_ms=0, max_delay_ms=0, randomize=False)
 
 
-async def test_a_run_that_fails_after_its_cancel_is_not_retried(app: Fairq) -> None:
-    """A plain function that answers its cancellation with an error (its attempt fails,
-    so the worker asks for a retry) ends cancelled after that one attempt: the cancel
-    wins over the retry, however many attempts the policy allows."""
+@pytest.mark.parametrize("ending", ["fails", "times out"])
+async def test_a_run_that_ends_badly_after_its_cancel_is_not_retried(
+    app: Fairq, ending: str
+) -> None:
+    """A plain function whose attempt fails after its cancellation (it answers it with
+    an error), or that ignores it and reaches its timeout: either would retry it, the
+    cancel wins, and the run ends cancelled after that one attempt, however many
+    attempts the policy allows."""
     attempts: list[int] = []
     started = threading.Event()
 
@@ -238,42 +242,20 @@ async def test_a_run_that_fails_after_its_cancel_is_not_retried(app: Fairq) -> N
         if run.attempt > 0:
             return "ran again"
         started.set()
+        if ending == "times out":
+            time.sleep(1.5)  # ignores the cancel; the timeout comes first
+            return "too late"
         while not run.cancelled:
             time.sleep(0.01)
         raise RuntimeError("stopped half way")
 
-    async with quick_worker(app, concurrency=2) as worker:
-        handle = await export.trigger()
+    async with quick_worker(app, concurrency=2, cancel_grace=30) as worker:
+        handle = await export.trigger(timeout=1.0 if ending == "times out" else None)
         assert await asyncio.to_thread(started.wait, 10)
         assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
         failure = await cancelled(handle)
     assert attempts == [0]
-    assert "stopped half way" in (failure.error or "")
+    if ending == "fails":
+        assert "stopped half way" in (failure.error or "")
     assert worker.stats.cancelled == 1 and worker.stats.retried == 0
     assert await running(app, "export") == 0
-
-
-async def test_a_run_that_times_out_after_its_cancel_is_not_retried(app: Fairq) -> None:
-    """A plain function that ignores its cancellation reaches its timeout: the timeout
-    would retry it, the cancel wins, and the run ends cancelled after one attempt."""
-    attempts: list[int] = []
-    started = threading.Event()
-
-    @app.task(queue="render", retry=QUICK_RETRY, timeout=1.0)
-    def render(payload: None) -> str:
-        run = current_run()
-        assert run is not None
-        attempts.append(run.attempt)
-        if run.attempt > 0:
-            return "ran again"
-        started.set()
-        time.sleep(1.5)  # ignores the cancel; the timeout comes first
-        return "too late"
-
-    async with quick_worker(app, concurrency=2, cancel_grace=30) as worker:
-        handle = await render.trigger()
-        assert await asyncio.to_thread(started.wait, 10)
-        assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
-        await cancelled(handle)
-    assert attempts == [0]
-    assert worker.stats.cancelled == 1 and worker.stats.retried == 0

@@ -178,6 +178,25 @@ class Threads:
             self.running -= 1
 
 
+def hanging_task(app: Fairq, queue: str, seen: Threads, hang_s: float) -> Any:
+    """A plain task (0.2 s timeout, no retry) returning its payload, that hangs
+    ``hang_s`` seconds for payloads 0 and 1; ``seen`` records its threads."""
+
+    @app.task(queue=queue, timeout=0.2, retry=NO_RETRY)
+    def hang_or_return(payload: int) -> int:
+        run = current_run()
+        assert run is not None
+        seen.begin((run.run_id, run.attempt))
+        try:
+            if payload < 2:
+                time.sleep(hang_s)
+            return payload
+        finally:
+            seen.end((run.run_id, run.attempt))
+
+    return hang_or_return
+
+
 async def test_a_retry_waits_for_the_abandoned_thread_of_its_earlier_attempt(app: Fairq) -> None:
     """Attempt 1 overruns its 0.3 s timeout by far; its retry is leased at once (no
     backoff) by the same worker, and starts only once the abandoned thread returned:
@@ -212,18 +231,7 @@ async def test_abandoned_threads_never_make_a_run_time_out_without_starting(app:
     pool keeps a thread for each run beside the abandoned ones, and a deadline counts
     from the function's start, so all six start and the four quick ones complete."""
     seen = Threads()
-
-    @app.task(queue="thumb", timeout=0.2, retry=NO_RETRY)
-    def thumb(payload: int) -> int:
-        run = current_run()
-        assert run is not None
-        seen.begin((run.run_id, run.attempt))
-        try:
-            if payload < 2:
-                time.sleep(2.0)
-            return payload
-        finally:
-            seen.end((run.run_id, run.attempt))
+    thumb = hanging_task(app, "thumb", seen, hang_s=2.0)
 
     async with quick_worker(app, concurrency=2) as worker:
         slow = [await thumb.trigger(i) for i in range(2)]
@@ -241,18 +249,7 @@ async def test_past_one_abandoned_thread_per_slot_the_worker_takes_fewer_runs(ap
     running the worker takes no run until one returns, so at most two threads run and
     the third run still starts (and completes) instead of timing out in the queue."""
     seen = Threads()
-
-    @app.task(queue="scan", timeout=0.2, retry=NO_RETRY)
-    def scan(payload: int) -> int:
-        run = current_run()
-        assert run is not None
-        seen.begin((run.run_id, run.attempt))
-        try:
-            if payload < 2:
-                time.sleep(1.5)
-            return payload
-        finally:
-            seen.end((run.run_id, run.attempt))
+    scan = hanging_task(app, "scan", seen, hang_s=1.5)
 
     async with quick_worker(app, concurrency=1) as worker:
         handles = [await scan.trigger(i) for i in range(3)]

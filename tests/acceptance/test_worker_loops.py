@@ -39,6 +39,33 @@ async def app(redis_url: str, prefix: str, env: Environment) -> AsyncIterator[Fa
     application.close()
 
 
+class Failing:
+    """Makes ``owner.<method>`` raise ``RuntimeError("injected <method> failure")`` on
+    its first ``times`` calls, then behave; ``calls`` counts the calls, ``failures`` the
+    injected failures."""
+
+    def __init__(self, owner: Any, method: str, times: int) -> None:
+        self.calls = self.failures = 0
+        real = getattr(owner, method)
+
+        async def flaky(*args: Any, **kw: Any) -> Any:
+            self.calls += 1
+            if self.failures < times:
+                self.failures += 1
+                raise RuntimeError(f"injected {method} failure")
+            return await real(*args, **kw)
+
+        setattr(owner, method, flaky)
+
+
+def echo_task(app: Fairq) -> Any:
+    @app.task(queue="echo")
+    async def echo(payload: int) -> int:
+        return payload
+
+    return echo
+
+
 def long_task(app: Fairq, tokens: list[int], bad_note: Any = None) -> Any:
     """A task that runs LONG_RUN_S and records each delivery's lease token; with
     ``bad_note``, it puts that (fraction, message) among the worker's progress notes
@@ -113,23 +140,12 @@ async def test_the_heartbeat_loop_survives_a_call_that_raises(
     loop goes on, and the long run keeps its one lease to the end."""
     tokens: list[int] = []
     long = long_task(app, tokens)
-    rq = await app.queue()
-    real = rq.heartbeat
-    failures = 0
-
-    async def flaky(deliveries: list[Delivery], **kw: Any) -> Any:
-        nonlocal failures
-        if failures < 2:
-            failures += 1
-            raise RuntimeError("injected heartbeat failure")
-        return await real(deliveries, **kw)
-
-    rq.heartbeat = flaky  # type: ignore[method-assign]
+    failing = Failing(await app.queue(), "heartbeat", 2)
     with caplog.at_level(logging.ERROR, logger="fairq.worker"):
         async with RunningWorker(app, concurrency=2, maintenance_interval=0.1) as worker:
             handle = await long.trigger()
             assert await handle.wait(timeout=LONG_RUN_S + 10) == "done"
-    assert failures == 2
+    assert failing.failures == 2
     assert tokens == [1]
     assert worker.stats.lease_lost == 0
     assert worker.stats.loop_errors == 2
@@ -297,28 +313,14 @@ async def test_the_finishing_loop_survives_a_finish_that_raises(app: Fairq) -> N
     """The finish raises an unexpected error once: the runs of that call are finished
     again one by one, and later runs are finished as usual."""
 
-    @app.task(queue="echo")
-    async def echo(payload: int) -> int:
-        return payload
-
-    rq = await app.queue()
-    real = rq.finish
-    failures = 0
-
-    async def flaky(items: Any, **kw: Any) -> Any:
-        nonlocal failures
-        if failures == 0:
-            failures += 1
-            raise RuntimeError("injected finish failure")
-        return await real(items, **kw)
-
-    rq.finish = flaky  # type: ignore[method-assign]
+    echo = echo_task(app)
+    failing = Failing(await app.queue(), "finish", 1)
     async with RunningWorker(app, concurrency=4, idle_timeout=0.2) as worker:
         first = await echo.trigger_many(list(range(4)))
         assert [await h.wait(timeout=10) for h in first] == [0, 1, 2, 3]
         later = await echo.trigger(9)
         assert await later.wait(timeout=10) == 9
-    assert failures == 1
+    assert failing.failures == 1
     assert worker.stats.lease_lost == 0
     assert worker.stats.completed == 5
     assert worker.stats.loop_errors == 1
@@ -328,26 +330,12 @@ async def test_the_fetch_loop_survives_a_dequeue_that_raises(app: Fairq) -> None
     """The dequeue raises an unexpected error twice: the worker logs it, backs off and
     goes on taking runs."""
 
-    @app.task(queue="echo")
-    async def echo(payload: int) -> int:
-        return payload
-
-    rq = await app.queue()
-    real = rq.dequeue_batch
-    failures = 0
-
-    async def flaky(*args: Any, **kw: Any) -> Any:
-        nonlocal failures
-        if failures < 2:
-            failures += 1
-            raise RuntimeError("injected dequeue failure")
-        return await real(*args, **kw)
-
-    rq.dequeue_batch = flaky  # type: ignore[method-assign]
+    echo = echo_task(app)
+    failing = Failing(await app.queue(), "dequeue_batch", 2)
     async with RunningWorker(app, concurrency=2, idle_timeout=0.2) as worker:
         handle = await echo.trigger(7)
         assert await handle.wait(timeout=10) == 7
-    assert failures == 2
+    assert failing.failures == 2
     assert worker.stats.loop_errors == 2
 
 
@@ -356,17 +344,7 @@ async def test_maintenance_that_raises_does_not_stop_dequeues(make_queue: Any) -
     ready run, and the next maintenance runs."""
     rq: RunQueue = await make_queue()
     env = Environment("o", "p", "e")
-    real = rq.maintain
-    calls = 0
-
-    async def flaky(**kw: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise RuntimeError("injected maintenance failure")
-        return await real(**kw)
-
-    rq.maintain = flaky  # type: ignore[method-assign]
+    failing = Failing(rq, "maintain", 1)
     errors: list[int] = []
     consumer = Consumer(rq, maintenance_interval=0.05, on_loop_error=lambda: errors.append(1))
     try:
@@ -378,4 +356,4 @@ async def test_maintenance_that_raises_does_not_stop_dequeues(make_queue: Any) -
     finally:
         await consumer.close()
     assert errors == [1]
-    assert calls >= 2
+    assert failing.calls >= 2

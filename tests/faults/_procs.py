@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fairq.keys import Environment
 
@@ -80,6 +81,8 @@ class WorkerPool:
     #: More environment variables of the worker processes.
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: Each process's log file, by pid.
+    logs: dict[int, Path] = field(default_factory=dict)
     killed: set[int] = field(default_factory=set)
     spawned: int = 0
 
@@ -103,7 +106,8 @@ class WorkerPool:
             "TEST_LEDGER": str(self.ledger),
             **self.extra_env,
         }
-        log = open(self.directory / "logs" / f"w{self.spawned}.log", "wb")  # noqa: SIM115
+        log_path = self.directory / "logs" / f"w{self.spawned}.log"
+        log = open(log_path, "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [sys.executable, "-m", "fairq", "worker", "faultapp:app",
              "--concurrency", str(self.concurrency), "--grace", "5"],
@@ -112,6 +116,7 @@ class WorkerPool:
         log.close()
         self.spawned += 1
         self.procs[proc.pid] = proc
+        self.logs[proc.pid] = log_path
         return proc.pid
 
     def has_run(self, pid: int) -> bool:
@@ -130,8 +135,20 @@ class WorkerPool:
         """What every worker process wrote to its log so far."""
         return "".join(p.read_text(errors="replace") for p in (self.directory / "logs").glob("*"))
 
+    def started(self, pid: int) -> bool:
+        """Whether the process is up (it said so): a SIGTERM now stops it gracefully,
+        where one during the interpreter's start kills it."""
+        path = self.logs.get(pid)
+        return path is not None and "fairq worker:" in path.read_text(errors="replace")
+
     def stop_all(self, timeout: float = 20.0) -> dict[int, int]:
-        """SIGTERM every live worker, wait for it (kill on timeout); pid -> return code."""
+        """SIGTERM every live worker once it is up (at most ``timeout`` s), wait for it
+        (kill on timeout); pid -> return code."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(
+            self.started(pid) for pid, proc in self.procs.items() if proc.poll() is None
+        ):
+            time.sleep(0.05)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -177,3 +194,9 @@ async def eventually(check: Callable[[], object], within: float, what: str) -> f
         if time.monotonic() - start > within:
             raise AssertionError(f"{what}: not within {within}s")
         await asyncio.sleep(0.05)
+
+
+async def drained(rq: Any, env: Environment, queue: str = "work") -> bool:
+    """Whether ``queue`` has nothing queued and nothing running."""
+    stats = await rq.queue_stats(env, queue)
+    return bool(stats.queued == 0 and stats.running == 0)

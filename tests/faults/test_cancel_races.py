@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.faults._procs import WorkerPool, eventually
+from tests.faults._procs import WorkerPool, drained, eventually
 from tests.faults._timed import TIMED_APP, spans
 
 from fairq.keys import Environment
@@ -76,11 +76,7 @@ async def test_a_cancel_always_wins_over_retries_lapses_and_kills(
             asked[run_id] = (time.time(), outcome)
         await killer
 
-        async def drained() -> bool:
-            stats = await rq.queue_stats(env, "work")
-            return stats.queued == 0 and stats.running == 0
-
-        await eventually(drained, 90, "the queue drains")
+        await eventually(lambda: drained(rq, env), 90, "the queue drains")
         codes = pool.stop_all()
     finally:
         pool.stop_all()

@@ -10,7 +10,6 @@ test's own reaches it. Needs root (to make files of another uid); skipped otherw
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from tests.foreign import hand_to_nobody
 
-from fairq.server import EmbeddedServer, valkey_binary
-
-NOBODY = 65534
+from fairq.server import EmbeddedServer
 
 APP = """
 from fairq.app import Fairq
@@ -57,18 +55,9 @@ def test_a_worker_refuses_a_state_dir_another_user_set_up(tmp_path: Path) -> Non
     sock = state / "valkey.sock"
     (tmp_path / "app.py").write_text(APP)
     with EmbeddedServer(unix_socket=sock) as theirs:
-        assert theirs.process is not None
         client = redis.Redis(unix_socket_path=str(sock))
         try:
-            info = client.info("server")
-            (state / "server.json").write_text(json.dumps({
-                "url": f"unix://{sock}", "socket": str(sock), "pid": theirs.process.pid,
-                "run_id": info["run_id"], "process_id": info["process_id"],
-                "binary": str(valkey_binary()), "started_at": "2026-01-01T00:00:00+00:00",
-                "fsync": "everysec",
-            }))  # fmt: skip
-            for path in (state, sock, state / "server.json"):
-                os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+            hand_to_nobody(state, theirs, client)
             before = int(client.info("stats")["total_commands_processed"])
 
             worker = _fairq(["worker", "app:app", "--burst"], tmp_path, state)

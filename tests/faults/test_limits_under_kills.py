@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.faults._procs import WorkerPool, eventually
+from tests.faults._procs import WorkerPool, drained, eventually
 from tests.faults._timed import TIMED_APP, most_at_once, spans
 
 from fairq.keys import Environment, encode_concurrency_key
@@ -63,11 +63,7 @@ async def test_caps_and_rates_hold_under_kills_and_no_slot_leaks(
                 pool.spawn()
         assert len(died) == KILLS, f"only {len(died)} kills"
 
-        async def drained() -> bool:
-            stats = await rq.queue_stats(env, "work")
-            return stats.queued == 0 and stats.running == 0
-
-        await eventually(drained, 90, "the queue drains after the kills")
+        await eventually(lambda: drained(rq, env), 90, "the queue drains after the kills")
         codes = pool.stop_all()
     finally:
         pool.stop_all()

@@ -20,7 +20,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from tests.faults._procs import WorkerPool, eventually
+from tests.faults._procs import WorkerPool, drained, eventually
 
 from fairq.config import RunQueueConfig
 from fairq.errors import FairqError
@@ -112,12 +112,7 @@ async def test_kill_9_of_the_server_loses_no_acknowledged_enqueue_and_workers_re
         failed = sum(await asyncio.gather(*producers))
         check = RunQueue(await connect(url), RunQueueConfig(prefix=prefix, lease_ms=LEASE_MS))
         try:
-
-            async def drained() -> bool:
-                stats = await check.queue_stats(env, "work")
-                return stats.queued == 0 and stats.running == 0
-
-            await eventually(drained, 30, "the queue drains after the restart")
+            await eventually(lambda: drained(check, env), 30, "the queue drains after the restart")
             infos = []
             for i in range(0, len(acked), 100):
                 infos += await asyncio.gather(*(check.get_run(env, r) for r in acked[i : i + 100]))

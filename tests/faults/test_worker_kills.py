@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.faults._procs import WorkerPool, eventually
+from tests.faults._procs import WorkerPool, drained, eventually
 
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest
@@ -69,11 +69,7 @@ async def test_kill_9_of_workers_loses_nothing_and_explains_every_duplicate(
         assert len(pool.killed) >= KILLS, f"only {len(pool.killed)} kills in {kill_phase:.1f}s"
         (pool.ledger / "fast").touch()
 
-        async def drained() -> bool:
-            stats = await rq.queue_stats(env, "work")
-            return stats.queued == 0 and stats.running == 0
-
-        await eventually(drained, DRAIN_S, "the queue drains after the kills")
+        await eventually(lambda: drained(rq, env), DRAIN_S, "the queue drains after the kills")
         codes = pool.stop_all()
     finally:
         pool.stop_all()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from tests.foreign import hand_to_nobody
 
 from fairq import server as fq_server
 from fairq.errors import EmbeddedServerError, FairqError
@@ -200,18 +201,9 @@ def test_a_server_another_user_set_up_in_the_state_dir_is_never_used(state: Path
     state.mkdir(mode=0o700)
     sock = state / "valkey.sock"
     with EmbeddedServer(unix_socket=sock) as theirs:
-        assert theirs.process is not None
         client = redis.Redis(unix_socket_path=str(sock))
         try:
-            info = client.info("server")
-            (state / "server.json").write_text(json.dumps({
-                "url": f"unix://{sock}", "socket": str(sock), "pid": theirs.process.pid,
-                "run_id": info["run_id"], "process_id": info["process_id"],
-                "binary": str(fq_server.valkey_binary()),
-                "started_at": "2026-01-01T00:00:00+00:00", "fsync": "everysec",
-            }))  # fmt: skip
-            for path in (state, sock, state / "server.json"):
-                os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+            hand_to_nobody(state, theirs, client)
             calls_before = int(client.info("stats")["total_commands_processed"])
             with pytest.raises(EmbeddedServerError, match=r"belongs to uid 65534"):
                 fq_server.shared_server_url()
