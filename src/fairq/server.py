@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import fcntl
@@ -30,6 +31,7 @@ import stat
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -707,6 +709,7 @@ def _start_shared(directory: Path, socket_path: Path, fsync: str) -> SharedServe
         fsync=fsync,
     )
     _write_state(directory, state)
+    _keep_detached(server.process)
     server.process = None  # detached: it outlives this process on purpose
     return state
 
@@ -765,6 +768,26 @@ def _raise_fsync(directory: Path, socket_path: Path, requested: str) -> None:
     loaded = _load_state(warn=False)
     if loaded.state is not None:
         _write_state(directory, dataclasses.replace(loaded.state, fsync=requested))
+
+
+#: Shared servers this process started: they outlive it on purpose, but while it lives
+#: each is its child, so its Popen is kept (and polled) to collect its exit status: no
+#: zombie once it stops, and no "still running" warning when the object would go.
+_DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+def _keep_detached(process: subprocess.Popen[bytes]) -> None:
+    _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]
+    _DETACHED.append(process)
+
+
+@atexit.register
+def _leave_detached() -> None:
+    """At exit, let go of the servers still running: they outlive this process on
+    purpose, which is no resource leak to warn about."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        _DETACHED.clear()
 
 
 def _ensure_shared(start: bool) -> str:

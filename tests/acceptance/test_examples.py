@@ -8,7 +8,7 @@ import asyncio
 import importlib.util
 import io
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -65,7 +65,9 @@ async def test_the_fastapi_example_triggers_a_task_that_a_worker_runs(
 
 
 @pytest.fixture
-def django_project(redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+async def django_project(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Any]:
     django = pytest.importorskip("django")
     monkeypatch.syspath_prepend(str(EXAMPLES / "django_example"))
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "django_example_site.settings")
@@ -74,7 +76,8 @@ def django_project(redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch)
 
     tasks.app.use_server(redis_url, prefix=prefix)
     yield tasks
-    tasks.app.close()
+    await tasks.app.aclose()  # the connection a worker or a trigger made on the test's loop
+    tasks.app.close()  # the blocking API's
 
 
 async def test_the_django_command_triggers_and_waits_while_a_worker_runs(

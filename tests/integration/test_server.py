@@ -84,6 +84,8 @@ def test_the_embedded_server_never_outlives_its_owner(how: signal.Signals) -> No
     assert _alive(pid)
     owner.send_signal(how)
     owner.wait(timeout=10)
+    assert owner.stdout is not None
+    owner.stdout.close()
     assert _wait_gone(pid), f"valkey-server {pid} outlived its owner after {how.name}"
 
 

@@ -28,8 +28,6 @@ from fairq.store.wire import (
     script_wire,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 
 @pytest.fixture
 async def client(redis_url: str) -> Any:
@@ -235,8 +233,14 @@ async def test_one_wire_serves_calls_from_another_event_loop(wire: ScriptWire) -
     assert await wire.execute_command("ECHO", "here") == b"here"
     seen: list[Any] = []
 
+    async def there() -> Any:
+        try:
+            return await wire.execute_command("ECHO", "there")
+        finally:
+            await wire.aclose()  # that loop's connection, closed before the loop ends
+
     def elsewhere() -> None:
-        seen.append(asyncio.run(wire.execute_command("ECHO", "there")))
+        seen.append(asyncio.run(there()))
 
     thread = threading.Thread(target=elsewhere)
     thread.start()

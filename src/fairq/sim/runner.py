@@ -83,13 +83,17 @@ def plan(
 async def run_one(url: str, spec: RunSpec) -> tuple[Record, Trace]:
     """One run on a fresh key prefix (deleted afterwards)."""
     client = await connect(url)
+    prefix = f"sim{os.getpid()}x{next(_run_counter)}"
     try:
-        prefix = f"sim{os.getpid()}x{next(_run_counter)}"
         sim = Simulation(client, spec.scenario, spec.discipline, spec.seed, prefix=prefix)
+    except BaseException:
+        await client.aclose()
+        raise
+    try:
         trace = await sim.run()
         await sim.cleanup()
     finally:
-        await client.aclose()
+        await sim.rq.close()  # the client, and the store's own script connection
     rec = record(
         trace,
         scenario=spec.scenario.name,

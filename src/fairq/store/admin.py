@@ -131,7 +131,7 @@ class AdminOps(StoreCore):
 
         def build(pipe: Any) -> None:
             for key in keys:
-                pipe.unlink(key)
+                pipe.execute_command("UNLINK", key)  # a cluster pipeline's unlink() is a coroutine
 
         return sum(int(n) for n in await self.pipeline(build))
 
