@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import hypothesis  # noqa: F401 - imported (and rewritten by pytest) here, at the start
 import pytest
@@ -102,12 +103,11 @@ CLUSTER_MODULES = frozenset(
 
 #: Tests that take about a second or more here (``pytest --durations``): out of the fast
 #: loop (``pytest -m "not slow"``), in every full run. A node id each, or ``name[`` for
-#: every parameter set of a test; one that names no collected test is an error, so a
-#: renamed test cannot drop out of the list silently.
+#: every parameter set of a test. One that names no collected test is reported at the
+#: end of a full run (a renamed test would otherwise leave the list silently).
 SLOW_TESTS = frozenset(
     {
         "tests/acceptance/test_cancel_running.py::test_a_run_that_ignores_its_cancellation_is_abandoned_at_the_grace_deadline",
-        "tests/acceptance/test_cancel_running.py::test_a_run_that_times_out_after_its_cancel_is_not_retried",
         "tests/acceptance/test_cancel_running.py::test_an_abandoned_async_run_gives_its_worker_slot_back",
         "tests/acceptance/test_cancel_running.py::test_an_async_run_that_swallows_cancelled_error_is_abandoned_too",
         "tests/acceptance/test_cancel_running.py::test_fairq_cancel_stops_a_running_run",
@@ -229,12 +229,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker in _markers_of(item, unmatched):
             item.add_marker(marker)
     if unmatched and _collected_everything(config):
-        raise pytest.UsageError(f"SLOW_TESTS names no collected test: {sorted(unmatched)}")
+        config.stash[_UNMATCHED_SLOW] = sorted(unmatched)
     if cluster_masters():
         skip = pytest.mark.skip(reason="single_server: topology-independent; run on one server")
         for item in items:
             if item.get_closest_marker("single_server"):
                 item.add_marker(skip)
+
+
+#: SLOW_TESTS entries that matched no collected test in this run.
+_UNMATCHED_SLOW = pytest.StashKey[list[str]]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    unmatched = config.stash.get(_UNMATCHED_SLOW, [])
+    if unmatched:
+        terminalreporter.write_sep("-", "SLOW_TESTS entries that match no test (renamed?)")
+        for name in unmatched:
+            terminalreporter.write_line(name)
 
 
 def _markers_of(item: pytest.Item, unmatched: set[str]) -> list[str]:
