@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairq.keys import Environment
+from fairq.outcomes import KeptOutcome
 
 
 class EnqueueStatus(enum.Enum):
@@ -182,12 +183,13 @@ class Finish:
     Attributes:
         delivery: the run.
         status: ``completed``, ``failed``, ``cancelled`` or ``timed_out``.
-        outcome_json: the outcome to keep (None = keep nothing; see fairq.outcomes).
+        outcome: keep an outcome, with this result, error and traceback (None = keep
+            nothing; the finishing script adds the rest, see fairq.outcomes).
     """
 
     delivery: Delivery
     status: str = "completed"
-    outcome_json: str | None = None
+    outcome: KeptOutcome | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,13 @@
 A run's outcome is a small JSON document kept for the outcome retention
 (``RunQueueConfig.outcome_ttl_seconds``) under ``T:r:E:<run>`` (see :mod:`fairq.keys`).
 It is written by the script that ends the run, in the same atomic step: ack / finish
-(completed, failed, cancelled, timed out), nack (dead-lettered), cancel, and TTL expiry.
+(completed, failed, cancelled, timed out), nack (dead-lettered, or cancelled), cancel,
+and TTL expiry. It has one writer, ``outcome_json`` in ``include/runs.lua``, whose
+fields are :data:`OUTCOME_FIELDS` (generated into the scripts, :func:`lua_outcome`). The
+scripts fill it from what the server knows of the run (its queue, key, tenant and
+attempts, when its lease started, the script's clock) and from a :class:`KeptOutcome`:
+what only the worker knows (the result, the error and its traceback). Python only reads
+it (:func:`decode_outcome`).
 
 Which outcomes are kept:
 
@@ -13,9 +19,10 @@ Which outcomes are kept:
   gone, which :meth:`fairq.app.RunHandle.wait` reads as "completed, result None" (every
   other ending leaves an outcome). So a no-result task costs no outcome key per run.
 
-Fields: ``status``, ``queue``, ``key`` (encoded concurrency key, "" = none),
-``tenant`` (encoded, "" = default), ``attempts``, ``error``, ``traceback``,
-``started_at``, ``finished_at`` (ms), ``result`` (the task's return value, JSON).
+Fields (:data:`OUTCOME_FIELDS`): ``status``, ``queue``, ``key`` (encoded concurrency
+key, "" = none), ``tenant`` (encoded, "" = default), ``attempts``, ``error``,
+``traceback``, ``started_at``, ``finished_at`` (ms, the server's clock), ``result`` (the
+task's return value, JSON). A field an ending has nothing for is absent (read as None).
 """
 
 from __future__ import annotations
@@ -113,41 +120,56 @@ class RunInfo:
         return max(0, self.finished_at_ms - self.started_at_ms)
 
 
+#: The fields of an outcome document. ``result`` is JSON text spliced in as it is.
+OUTCOME_FIELDS: Final = (
+    "status", "queue", "key", "tenant", "attempts", "error", "traceback", "started_at",
+    "finished_at", "result",
+)  # fmt: skip
+
+
 def _truncate(text: str | None, limit: int) -> str | None:
     if text is None:
         return None
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def encode_outcome(
-    status: RunStatus,
-    *,
-    queue: str,
-    encoded_key: str = "",
-    encoded_tenant: str = "",
-    attempts: int,
-    finished_at_ms: int,
-    started_at_ms: int | None = None,
-    result_json: str = "null",
-    error: str | None = None,
-    traceback: str | None = None,
-) -> str:
-    """The outcome JSON of a finished run (``result_json`` is already JSON)."""
-    head = json.dumps(
-        {
-            "status": status.value,
-            "queue": queue,
-            "key": encoded_key,
-            "tenant": encoded_tenant,
-            "attempts": attempts,
-            "error": _truncate(error, MAX_ERROR_CHARS),
-            "traceback": _truncate(traceback, MAX_TRACEBACK_CHARS),
-            "started_at": started_at_ms,
-            "finished_at": finished_at_ms,
-        },
-        separators=(",", ":"),
+@dataclass(frozen=True, slots=True)
+class KeptOutcome:
+    """What only the worker knows of how a run ended, for the outcome the finishing
+    script records (it adds the rest: see the module docstring).
+
+    Attributes:
+        result_json: the task's return value as JSON ("null" for none).
+        error: the error (``ExcType: message``), cut to :data:`MAX_ERROR_CHARS`.
+        traceback: its traceback, cut to :data:`MAX_TRACEBACK_CHARS`.
+    """
+
+    result_json: str = "null"
+    error: str | None = None
+    traceback: str | None = None
+
+    def packed(self) -> str:
+        """As the finishing scripts take it in one argument: the UTF-8 length of the
+        error and of the traceback ('-' for none), each followed by a space, then the
+        error, the traceback and the result (read by the generated ``kept_outcome``)."""
+        texts = [
+            _truncate(self.error, MAX_ERROR_CHARS),
+            _truncate(self.traceback, MAX_TRACEBACK_CHARS),
+        ]
+        head = "".join("- " if t is None else f"{len(t.encode('utf-8'))} " for t in texts)
+        return head + "".join(t or "" for t in texts) + self.result_json
+
+
+def lua_outcome() -> str:
+    """The Lua list of an outcome's fields (generated into every library; the writer,
+    ``outcome_json`` in ``include/runs.lua``, fills them by name)."""
+    names = ", ".join(f"'{name}'" for name in OUTCOME_FIELDS)
+    return "\n".join(
+        [
+            "-- generated from fairq/outcomes.py: the fields of an outcome document",
+            f"local OUTCOME_FIELDS = {{ {names} }}",
+        ]
     )
-    return head[:-1] + ',"result":' + result_json + "}"
 
 
 def decode_outcome(run_id: str, raw: str | bytes) -> RunInfo:

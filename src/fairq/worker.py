@@ -52,11 +52,10 @@ from fairq import telemetry
 from fairq.app import Fairq
 from fairq.consumer import DEFAULT_LINGER_S, Consumer, check_linger
 from fairq.errors import ConfigurationError, ConnectionLostError, FairqError, PermanentError
-from fairq.keys import encode_concurrency_key, encode_tenant
 from fairq.loops import LoopGuard
 from fairq.metrics import RunMetrics
 from fairq.models import AckStatus, Delivery, Finish, HeartbeatStatus, NackOutcome
-from fairq.outcomes import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, RunStatus, encode_outcome
+from fairq.outcomes import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, KeptOutcome, RunStatus
 from fairq.run_context import RunContext, _current, current_run
 from fairq.schedules import Scheduler
 from fairq.store import RunQueue, validate
@@ -587,32 +586,6 @@ class Worker:
             self.stats.completed += 1
             self._finish(delivery, RunStatus.COMPLETED, started, result=result)
 
-    def _outcome(
-        self,
-        delivery: Delivery,
-        status: RunStatus,
-        started: int,
-        *,
-        attempts: int,
-        result_json: str = "null",
-        error: str | None = None,
-        exc: BaseException | None = None,
-    ) -> str:
-        return encode_outcome(
-            status,
-            queue=delivery.queue,
-            encoded_key=""
-            if delivery.concurrency_key is None
-            else encode_concurrency_key(delivery.concurrency_key),
-            encoded_tenant="" if delivery.tenant is None else encode_tenant(delivery.tenant),
-            attempts=attempts,
-            finished_at_ms=wall_clock_ms(),
-            started_at_ms=started,
-            result_json=result_json,
-            error=error,
-            traceback=None if exc is None else _traceback_text(exc),
-        )
-
     def _finish(
         self,
         delivery: Delivery,
@@ -633,12 +606,12 @@ class Worker:
             keep = True
         outcome = None
         if keep:
-            attempts = delivery.attempt + (0 if status is RunStatus.COMPLETED else 1)
-            outcome = self._outcome(
-                delivery, status, started, attempts=attempts,
-                result_json=_result_json(result) if status is RunStatus.COMPLETED else "null",
-                error=error, exc=exc,
-            )  # fmt: skip
+            # the ack script adds the run's queue, key, tenant, attempts and times
+            outcome = KeptOutcome(
+                _result_json(result) if status is RunStatus.COMPLETED else "null",
+                error,
+                None if exc is None else _traceback_text(exc),
+            )
         word = {RunStatus.COMPLETED: "completed", RunStatus.CANCELLED: "cancelled",
                 RunStatus.TIMED_OUT: "timed_out"}.get(status, "failed")  # fmt: skip
         self._finished.append(Finish(delivery, word, outcome))
@@ -677,14 +650,6 @@ class Worker:
         attempts = delivery.attempt + 1
         policy = task.retry
         error = error or _error_text(exc)
-        last = attempts >= policy.max_attempts
-        outcome = (
-            self._outcome(
-                delivery, RunStatus.DEAD_LETTERED, started, attempts=attempts, error=error, exc=exc
-            )
-            if last
-            else None
-        )
         try:
             result = await rq.nack(
                 delivery,
@@ -692,7 +657,7 @@ class Worker:
                 max_attempts=policy.max_attempts,
                 error=error,
                 traceback=_traceback_text(exc),
-                outcome_json=outcome,
+                keep_outcome=True,  # (kept only if this attempt dead-letters the run)
             )
         except FairqError as e:  # the lease will lapse and the run come back
             log.warning("nack of %s failed (%s); its lease will lapse", delivery.run_id, e)

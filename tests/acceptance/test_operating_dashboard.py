@@ -23,8 +23,8 @@ from tests.state import run_state
 
 from fairq.dashboard.app import create_app
 from fairq.keys import Environment
-from fairq.outcomes import RunStatus, encode_outcome
-from fairq.store import RunQueue, wall_clock_ms
+from fairq.outcomes import RunStatus
+from fairq.store import RunQueue
 
 MakeQueue = Callable[..., Any]
 TRACEBACK = (
@@ -36,12 +36,8 @@ async def failed_run(rq: RunQueue, env: Environment, run_id: str, queue: str = "
     """Given a run that failed its only attempt with a traceback (as a worker nacks it)."""
     await rq.enqueue(env, queue, run_id, {"file": f"{run_id}.csv"}, concurrency_key="acme")
     (d,) = await rq.dequeue_from_queue(env, queue, keyed=True, max_count=1)
-    outcome = encode_outcome(
-        RunStatus.DEAD_LETTERED, queue=queue, encoded_key="acme", attempts=1,
-        finished_at_ms=wall_clock_ms(), error="ValueError: bad row 7", traceback=TRACEBACK,
-    )  # fmt: skip
     await rq.nack(d, max_attempts=1, error="ValueError: bad row 7", traceback=TRACEBACK,
-                  outcome_json=outcome)  # fmt: skip
+                  keep_outcome=True)  # fmt: skip
 
 
 @pytest.fixture

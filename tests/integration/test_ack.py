@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 from tests.state import heads, run_state
 
 from fairq.keys import Environment
@@ -157,15 +158,89 @@ async def test_a_refused_finish_writes_no_outcome(make_queue: Any, env: Environm
     """The outcome is written by the ack script itself, only for a run it acks: a finish
     under a lost lease (the run was reclaimed and delivered again) leaves none."""
     from fairq.models import Finish
+    from fairq.outcomes import KeptOutcome
 
     rq: RunQueue = await make_queue()
     await rq.enqueue(env, "q", "r1", now_ms=T0)
     (first,) = await rq.dequeue(1, lease_ms=1_000, now_ms=T0)
     assert await rq.reclaim_lapsed_leases(now_ms=T0 + 2_000) == 1
     (second,) = await rq.dequeue(1, now_ms=T0 + 2_000)
-    stale = Finish(first, "completed", '{"status": "completed", "result": 1}')
+    stale = Finish(first, "completed", KeptOutcome("1"))
     assert await rq.finish([stale], now_ms=T0 + 2_001) == [AckStatus.LEASE_LOST]
     assert await rq.client.exists(rq.keys.env(env).outcome("r1")) == 0
-    fresh = Finish(second, "completed", '{"status": "completed", "result": 2}')
+    fresh = Finish(second, "completed", KeptOutcome("2"))
     assert await rq.finish([fresh], now_ms=T0 + 2_002) == [AckStatus.ACKED]
     assert await rq.client.exists(rq.keys.env(env).outcome("r1")) == 1
+
+
+# ------------------------------------------------------------------ the outcome it writes
+
+
+async def test_finish_records_the_outcome_from_the_run_and_the_worker_parts(
+    make_queue: Any, env: Environment
+) -> None:
+    """Given a keyed run of a named tenant on its second attempt, when its worker finishes
+    it as failed with an error, a traceback and a result, then the ack script writes the
+    outcome: the worker's texts exactly (quotes, newlines, non-ASCII), the result spliced
+    in as JSON (an integer beyond a double's precision intact), and from the run itself
+    its queue, key, tenant, attempts (this failed one counted), lease start and the
+    script's clock."""
+    from fairq.models import Finish
+    from fairq.outcomes import KeptOutcome, RunStatus
+
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", concurrency_key="k é", tenant="acme", now_ms=T0)
+    (first,) = await rq.dequeue(1, now_ms=T0 + 1)
+    await rq.nack(first, retry_at_ms=T0 + 2, now_ms=T0 + 2)
+    (d,) = await rq.dequeue(1, now_ms=T0 + 10)
+    error = 'ValueError: "bad" row\n7 ünïcode ☃'
+    traceback = 'Traceback (most recent call last):\n  File "job.py"\nValueError\n'
+    result = '{"big": 12345678901234567890, "list": [1, "two"]}'
+    kept = KeptOutcome(result, error, traceback)
+    assert await rq.finish([Finish(d, "failed", kept)], now_ms=T0 + 50) == [AckStatus.ACKED]
+    info = await rq.get_run(env, "r1")
+    assert info is not None
+    assert (info.status, info.queue, info.concurrency_key, info.tenant) == (
+        RunStatus.FAILED, "q", "k é", "acme",
+    )  # fmt: skip
+    assert (info.attempts, info.error, info.traceback) == (2, error, traceback)
+    assert (info.started_at_ms, info.finished_at_ms) == (T0 + 10, T0 + 50)
+    assert info.result == {"big": 12345678901234567890, "list": [1, "two"]}
+
+
+async def test_a_completed_run_keeps_its_attempts_and_a_none_error_is_absent(
+    make_queue: Any, env: Environment
+) -> None:
+    from fairq.models import Finish
+    from fairq.outcomes import KeptOutcome, RunStatus
+
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    await rq.finish([Finish(d, "completed", KeptOutcome("[1]"))], now_ms=T0 + 5)
+    info = await rq.get_run(env, "r1")
+    assert info is not None
+    assert (info.status, info.attempts, info.result, info.error, info.traceback) == (
+        RunStatus.COMPLETED, 0, [1], None, None,
+    )  # fmt: skip
+    raw = await rq.client.get(rq.keys.env(env).outcome("r1"))
+    assert b'"error"' not in raw and b'"tenant":""' in raw
+
+
+async def test_a_badly_packed_outcome_is_refused_before_anything_is_written(
+    make_queue: Any, env: Environment
+) -> None:
+    """The script checks every run's kept outcome before its first write: a packing cut
+    short refuses the whole call, and the run stays leased."""
+    from fairq.errors import InvalidLimitError
+
+    rq: RunQueue = await make_queue()
+    await rq.enqueue(env, "q", "r1", now_ms=T0)
+    (d,) = await rq.dequeue(1, now_ms=T0)
+    tag = rq.keys.tag_of(env)
+    for packed in ("5 - abc", "x - null", "- - ", "3 -"):
+        args = [d.lease_member, str(d.lease_token), packed, "completed"]
+        with pytest.raises(InvalidLimitError, match="kept outcome"):
+            await rq.call("ack", "age", tag, args, T0 + 1)
+    assert await run_state(rq, env, "r1") == "running"
+    assert await rq.client.exists(rq.keys.env(env).outcome("r1")) == 0

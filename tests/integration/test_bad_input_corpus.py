@@ -48,7 +48,7 @@ from fairq.errors import (
 )
 from fairq.keys import Environment
 from fairq.models import Delivery, EnqueueRequest, Finish
-from fairq.outcomes import RunStatus
+from fairq.outcomes import KeptOutcome, RunStatus
 from fairq.run_context import RunContext
 from fairq.server import connect
 from fairq.store import RunQueue
@@ -370,6 +370,17 @@ STORE += [
      lambda c: c.rq.finish([Finish(c.delivery, status="done")])),
     ("finish status None", InvalidLimitError,
      lambda c: c.rq.finish([Finish(c.delivery, status=None)])),  # type: ignore[arg-type]
+    ("finish outcome a JSON string", InvalidLimitError,
+     lambda c: c.rq.finish([Finish(c.delivery, "completed", '{"result": 1}')])),  # type: ignore[arg-type]
+]  # fmt: skip
+STORE += [
+    (f"finish outcome {n}", InvalidLimitError,
+     (lambda o: lambda c: c.rq.finish([Finish(c.delivery, "completed", o)]))(o))
+    for n, o in [
+        ("result not JSON", KeptOutcome("{nope")), ("result not text", KeptOutcome(5)),  # type: ignore[arg-type]
+        ("error lone-surrogate", KeptOutcome(error="boom \ud800")),
+        ("traceback not text", KeptOutcome(traceback=b"tb")),  # type: ignore[arg-type]
+    ]
 ]  # fmt: skip
 STORE += [
     (
@@ -404,8 +415,7 @@ STORE += [
     for n, v in [("int", 5), ("lone-surrogate", "boom \ud800"), ("100k+1", "e" * 100_001)]
 ]
 STORE += [
-    (f"nack outcome_json {n}", InvalidLimitError, _nack(outcome_json=v))
-    for n, v in [("int", 5), ("lone-surrogate", "\udc00"), ("1M+1", "o" * 1_000_001)]
+    (f"nack keep_outcome {n}", InvalidLimitError, _nack(keep_outcome=v)) for n, v in BAD_BOOLS
 ]
 STORE += [
     (f"nack delivery {n}", InvalidLimitError, (lambda v: lambda c: c.rq.nack(v))(v))

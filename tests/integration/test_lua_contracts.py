@@ -10,6 +10,10 @@ on what the loader builds, so that a hand-kept copy on either side fails a test:
   or by value: a bound or word list the loader generates, or any word list of a Python
   module), nor spells a generated bound as a number; the history counters the scripts
   write are the ones the readers read;
+* one writer of the outcome document: no Lua file but ``include/runs.lua`` (its
+  ``write_outcome``) encodes or stores one, and every outcome a script writes names only
+  the fields of :data:`fairq.outcomes.OUTCOME_FIELDS` and a status of
+  :class:`fairq.outcomes.RunStatus`;
 * option ranges: ``configure.lua`` accepts exactly the values the option table of
   :mod:`fairq.store.options` accepts (every option and override, at each bound and just
   beyond), because its rules are generated from that table. The configure.lua this
@@ -34,6 +38,7 @@ import pytest
 import fairq
 from fairq.errors import InvalidLimitError
 from fairq.keys import Environment
+from fairq.outcomes import OUTCOME_FIELDS, RunStatus
 from fairq.store import RunQueue
 from fairq.store.history import HISTORY_COUNTERS
 from fairq.store.options import (
@@ -319,6 +324,90 @@ def test_the_history_counters_the_scripts_write_are_the_ones_read() -> None:
     assert {"served", "wait_ms", "retried", "expired", "run_ms"} <= written
     assert written <= set(HISTORY_COUNTERS)
     assert set(HISTORY_COUNTERS) <= set(HistoryBucket.__dataclass_fields__)
+
+
+# ------------------------------------------------------------------ the outcome's writer
+
+#: The one file that may encode and store an outcome document.
+OUTCOME_WRITER = "include/runs.lua"
+_STRING_WRITES = {"SET", "SETEX", "PSETEX", "SETNX", "GETSET", "APPEND", "SETRANGE"}
+
+
+def _table_at(code: str, start: int) -> str:
+    """The table constructor whose '{' is at ``start``."""
+    depth = 0
+    for end in range(start, len(code)):
+        depth += {"{": 1, "}": -1}.get(code[end], 0)
+        if depth == 0:
+            return code[start : end + 1]
+    return code[start:]
+
+
+def _outcome_tables(code: str) -> list[str]:
+    """The tables a file hands write_outcome: inline, or a local it built before."""
+    out = []
+    for call in re.finditer(r"\bwrite_outcome\(", code):
+        args = call_arguments(code, call.end() - 1)
+        outcome = args[2] if len(args) > 2 else ""
+        if outcome.startswith("{"):
+            out.append(outcome)
+        elif built := re.search(rf"local {re.escape(outcome)} = \{{", code):
+            out.append(_table_at(code, built.end() - 1))
+    return out
+
+
+def outcome_writer_problems(files: dict[str, str]) -> list[str]:
+    """Outcome documents encoded or stored by hand, and outcomes with a field or a status
+    the document does not have."""
+    statuses = {s.value for s in RunStatus}
+    out = []
+    for path, text in files.items():
+        code = lua_code(text)
+        for call in re.finditer(r"redis\.p?call\(", code):
+            args = call_arguments(code, call.end() - 1)
+            command = args[0].strip("'\"").upper()
+            stored = command in _STRING_WRITES and args[1:2] and args[1].startswith("outcome_key(")
+            if stored and path != OUTCOME_WRITER:
+                out.append(f"{path}: stores an outcome by hand (use write_outcome)")
+        for encode in re.finditer(r"cjson\.encode\(\{", code):
+            if re.search(r"\bstatus\s*=", _table_at(code, encode.end() - 1)):
+                out.append(f"{path}: encodes an outcome by hand (use write_outcome)")
+        for table in _outcome_tables(code):
+            for name in re.findall(r"(?:^|[{,])\s*([A-Za-z_]\w*)\s*=(?!=)", table):
+                if name not in OUTCOME_FIELDS:
+                    out.append(f"{path}: outcome field {name!r} is not in OUTCOME_FIELDS")
+            for word in re.findall(r"\bstatus\s*=\s*'(\w+)'", table):
+                if word not in statuses:
+                    out.append(f"{path}: outcome status {word!r} is not a RunStatus")
+    return out
+
+
+def test_the_outcome_document_has_one_writer() -> None:
+    files = lua_files()
+    assert "write_outcome(X, member, {" in files["ack.lua"]
+    assert outcome_writer_problems(files) == []
+
+
+def test_the_outcome_check_fails_on_hand_written_outcomes() -> None:
+    """The check can fail: fed the writers it replaced (cancel.lua's and runs.lua's own
+    cjson documents), a SET of an outcome key, a misspelt field and an unknown status, it
+    reports each."""
+    broken = {
+        "cancel.lua": "local outcome = cjson.encode({status = 'cancelled', queue = f[1]})\n",
+        "nack.lua": "redis.call('SET', outcome_key(tag, member), outcome, 'EX', 60)\n",
+        "expire_ttl.lua": "local o = {status = 'canceled', finish_at = X.now}\n"
+        "write_outcome(X, member, o)\n",
+        OUTCOME_WRITER: "write_outcome(X, member, {status = 'expired', key = ck, atempts = 1})\n"
+        "local expired = cjson.encode({status = 'expired', queue = Q.name})\n",
+    }
+    assert outcome_writer_problems(broken) == [
+        "cancel.lua: encodes an outcome by hand (use write_outcome)",
+        "nack.lua: stores an outcome by hand (use write_outcome)",
+        "expire_ttl.lua: outcome field 'finish_at' is not in OUTCOME_FIELDS",
+        "expire_ttl.lua: outcome status 'canceled' is not a RunStatus",
+        "include/runs.lua: encodes an outcome by hand (use write_outcome)",
+        "include/runs.lua: outcome field 'atempts' is not in OUTCOME_FIELDS",
+    ]
 
 
 # ------------------------------------------------------------------ option ranges

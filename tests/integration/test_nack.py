@@ -200,3 +200,41 @@ async def test_nack_of_a_keyed_run_returns_it_to_its_variant(
     ]
     again = await lease_one(rq, T0 + 100)
     assert (again.concurrency_key, again.attempt) == ("tenant:1", 1)
+
+
+async def test_a_dead_letter_keeps_its_outcome_only_when_asked(
+    make_queue: Any, env: Environment
+) -> None:
+    """Given two runs at their last attempt, when one is nacked asking to keep its outcome
+    and the other not, then only the first has one: dead_lettered, its queue, key, tenant
+    and attempts, the attempt's error and traceback, its lease start and the script's
+    clock (a retry keeps none, whatever it asks)."""
+    from fairq.outcomes import RunStatus
+
+    rq: RunQueue = await make_queue()
+    for run in ("kept", "bare", "retried"):
+        await rq.enqueue(env, "q", run, concurrency_key=f"k-{run}", tenant="acme", now_ms=T0)
+    got = {d.run_id: d for d in await rq.dequeue(3, now_ms=T0 + 1)}
+    kept, bare, retried = got["kept"], got["bare"], got["retried"]
+    args = {"max_attempts": 1, "error": "E: boom", "traceback": "tb\n", "now_ms": T0 + 9}
+    assert await rq.nack(kept, keep_outcome=True, **args) is NackOutcome.DEAD_LETTERED
+    assert await rq.nack(bare, **args) is NackOutcome.DEAD_LETTERED
+    assert (
+        await rq.nack(retried, max_attempts=2, keep_outcome=True, now_ms=T0 + 9)
+        is NackOutcome.REQUEUED
+    )
+    outcome_of = rq.keys.env(env).outcome
+    assert [await rq.client.exists(outcome_of(r.run_id)) for r in (kept, bare, retried)] == [
+        1, 0, 0,
+    ]  # fmt: skip
+    info = await rq.get_run(env, kept.run_id)
+    assert info is not None
+    assert (info.status, info.concurrency_key, info.tenant, info.attempts) == (
+        RunStatus.DEAD_LETTERED, "k-kept", "acme", 1,
+    )  # fmt: skip
+    raw = await rq.client.get(outcome_of(kept.run_id))
+    from fairq.outcomes import decode_outcome
+
+    stored = decode_outcome(kept.run_id, raw)
+    assert (stored.error, stored.traceback) == ("E: boom", "tb\n")
+    assert (stored.started_at_ms, stored.finished_at_ms, stored.result) == (T0 + 1, T0 + 9, None)

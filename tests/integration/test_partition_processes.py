@@ -26,7 +26,7 @@ from fairq.config import RunQueueConfig
 from fairq.consumer import Consumer
 from fairq.keys import Environment
 from fairq.models import AckStatus, Delivery, EnqueueRequest, Finish
-from fairq.outcomes import RunStatus, encode_outcome
+from fairq.outcomes import KeptOutcome, RunStatus
 from fairq.server import connect
 from fairq.store import RunQueue
 
@@ -73,11 +73,9 @@ async def _consume(url: str, prefix: str, ledger: Path, seed: int) -> None:
         await rq.close()
 
 
-def _done(d: Delivery) -> str:
+def _done(d: Delivery) -> KeptOutcome:
     """The outcome a consumer keeps: completed (the test reads it back)."""
-    return encode_outcome(
-        RunStatus.COMPLETED, queue=d.queue, attempts=d.attempt + 1, finished_at_ms=0
-    )
+    return KeptOutcome()
 
 
 def consumer_process(url: str, prefix: str, ledger: str, seed: int) -> None:

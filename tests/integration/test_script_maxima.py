@@ -32,6 +32,7 @@ from fairq.models import (
     NackOutcome,
     ReleaseStatus,
 )
+from fairq.outcomes import KeptOutcome
 from fairq.store import RunQueue
 from fairq.store.admin import MAX_CHANGES, Change
 from fairq.store.enqueue import MAX_RUNS_PER_CALL
@@ -94,7 +95,7 @@ async def test_dequeue_1000_from_12000_keys_and_finish_1000_at_once(
             *(rq.nack(d, retry_delay_ms=0, increment_attempt=False) for d in first[i : i + 100])
         )
     assert nacks == [NackOutcome.REQUEUED] * MAX_DEQUEUE_COUNT
-    finishes = [Finish(d, "completed", '{"status":"completed"}') for d in second]
+    finishes = [Finish(d, "completed", KeptOutcome()) for d in second]
     assert await rq.finish(finishes) == [AckStatus.ACKED] * MAX_DEQUEUE_COUNT
     stats = await rq.queue_stats(env, "q")
     assert stats.running == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Final
@@ -17,11 +18,17 @@ from fairq.models import (
     NackOutcome,
     ReleaseStatus,
 )
-from fairq.outcomes import FINISH_STATUSES, MAX_TRACEBACK_CHARS
+from fairq.outcomes import FINISH_STATUSES, MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, KeptOutcome
 from fairq.store import validate
 from fairq.store._core import StoreCore
 from fairq.store.scripts import Order
 from fairq.store.status import Status
+
+#: The longest error, traceback and result JSON a finishing call takes (characters;
+#: the error and traceback are cut to the outcome's bounds).
+MAX_ERROR_INPUT_CHARS: Final = 100_000
+MAX_TRACEBACK_INPUT_CHARS: Final = 1_000_000
+MAX_RESULT_CHARS: Final = 100_000_000
 
 _ACK: Final = {
     Status.ACKED: AckStatus.ACKED,
@@ -47,6 +54,24 @@ _RELEASE: Final = {
     Status.UNKNOWN_RUN: ReleaseStatus.UNKNOWN,
     Status.LEASE_LOST: ReleaseStatus.LEASE_LOST,
 }
+
+
+def _packed_outcome(outcome: object) -> str:
+    """A Finish's outcome as the ack script takes it ('' = keep none), checked."""
+    if outcome is None:
+        return ""
+    if not isinstance(outcome, KeptOutcome):
+        raise InvalidLimitError("outcome", outcome, "must be a KeptOutcome or None")
+    validate.text("result_json", outcome.result_json, MAX_RESULT_CHARS)
+    try:
+        json.loads(outcome.result_json)
+    except ValueError:
+        raise InvalidLimitError("result_json", outcome.result_json, "is not JSON") from None
+    if outcome.error is not None:
+        validate.text("error", outcome.error, MAX_ERROR_INPUT_CHARS)
+    if outcome.traceback is not None:
+        validate.text("traceback", outcome.traceback, MAX_TRACEBACK_INPUT_CHARS)
+    return outcome.packed()
 
 
 def _check_delivery(d: object) -> Delivery:
@@ -99,7 +124,7 @@ class FinishOps(StoreCore):
             d = _check_delivery(item.delivery)
             if item.status not in FINISH_STATUSES:
                 raise InvalidLimitError("status", item.status, f"must be one of {FINISH_STATUSES}")
-            outcome = item.outcome_json or ""
+            outcome = _packed_outcome(item.outcome)
             encoded.append((d, [d.lease_member, str(d.lease_token), outcome, item.status]))
         if not encoded:
             return []
@@ -122,7 +147,7 @@ class FinishOps(StoreCore):
         max_attempts: int | None = None,
         error: str | None = None,
         traceback: str | None = None,
-        outcome_json: str | None = None,
+        keep_outcome: bool = False,
         now_ms: int | None = None,
     ) -> NackOutcome:
         """Give a run back for a retry, or dead-letter it at its last attempt. A run whose
@@ -137,14 +162,19 @@ class FinishOps(StoreCore):
             error: the attempt's error, kept with the run (bounded).
             traceback: the attempt's traceback, kept with the run (bounded), shown by
                 ``get_run`` and ``dead_letters``.
-            outcome_json: the outcome kept if the run is dead-lettered.
+            keep_outcome: keep an outcome if the run is dead-lettered (with the error
+                and the traceback; the script adds the rest, see fairq.outcomes).
 
         Every argument is checked before the script runs; the script checks them again
         before its first write, so a bad argument never loses the run.
         """
         d = _check_delivery(delivery)
-        if not isinstance(increment_attempt, bool):
-            raise InvalidLimitError("increment_attempt", increment_attempt, "must be True or False")
+        for name, flag in (
+            ("increment_attempt", increment_attempt),
+            ("keep_outcome", keep_outcome),
+        ):
+            if not isinstance(flag, bool):
+                raise InvalidLimitError(name, flag, "must be True or False")
         policy = self.config.retry
         limit = policy.max_attempts if max_attempts is None else max_attempts
         validate.integer("max_attempts", limit, 1, MAX_ATTEMPTS)
@@ -158,18 +188,22 @@ class FinishOps(StoreCore):
                 delay = validate.duration_ms("retry_delay_ms", retry_delay_ms)
             else:
                 delay = policy.delay_ms(attempt, self.rng) if increment_attempt else 0
-        text = "" if error is None else validate.text("error", error, 100_000)[:4000]
+        text = (
+            ""
+            if error is None
+            else validate.text("error", error, MAX_ERROR_INPUT_CHARS)[:MAX_ERROR_CHARS]
+        )
         trace = (
             ""
             if traceback is None
-            else validate.text("traceback", traceback, 1_000_000)[-MAX_TRACEBACK_CHARS:]
+            else validate.text("traceback", traceback, MAX_TRACEBACK_INPUT_CHARS)[
+                -MAX_TRACEBACK_CHARS:
+            ]
         )
-        if outcome_json is not None:
-            validate.text("outcome_json", outcome_json, 1_000_000)
         reply = await self.call_for_env(
             "nack", d.env,
             [d.lease_member, str(d.lease_token), at, str(delay), "1" if increment_attempt else "0",
-             str(limit), text, outcome_json or "", trace],
+             str(limit), text, "1" if keep_outcome else "0", trace],
             now_ms, d.partition,
         )  # fmt: skip
         return _NACK[self.decode("nack", reply[0])]

@@ -55,6 +55,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq.errors import FairqError, raise_for_code
 from fairq.keys import lua_schema
+from fairq.outcomes import lua_outcome
 from fairq.store import libraries
 from fairq.store.context import (
     check_state_fields,
@@ -229,6 +230,7 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             lua_options(),
             lua_shared(),
             lua_run_hash(reads),
+            *([lua_outcome()] if "OUTCOME_FIELDS" in code else []),
             *([lua_delivery()] if "delivery_add(" in code else []),
             lua_context_cache(),
             lua_state_tables(),

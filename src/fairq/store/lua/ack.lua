@@ -11,9 +11,11 @@ KEYS
   1 T  shard tag {prefix.N}
 ARGV
   context: the context fields this build reads (the loader finds them), in order
-  then 4 per run: lease member (org:project:env:run), lease token, outcome JSON to keep
-    ('' = keep none), status word for the queue's history (one of
-    ARG_RULES.finish_statuses: completed | failed | cancelled | timed_out)
+  then 4 per run: lease member (org:project:env:run), lease token, the outcome to keep
+    ('' = keep none; else what only the worker knows, packed: fairq.outcomes.KeptOutcome,
+    read by kept_outcome; the script adds the run's queue, key, tenant and attempts,
+    this one counted unless it completed, its lease start and the script's clock), status
+    (one of ARG_RULES.finish_statuses: completed | failed | cancelled | timed_out)
 Reply
   one status per run: ACKED, UNKNOWN_RUN, LEASE_LOST
 ]]
@@ -26,11 +28,12 @@ local tag = KEYS[1]
 local count = arg_groups(ARGV, FIRST_ARG, FIELDS, 'run')
 -- check every run before the first write (the loop below reads the same arguments, and
 -- the members' parts split here)
-local env_ids, run_ids = {}, {}
+local env_ids, run_ids, kept = {}, {}, {}
 for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
   local _, env_id, run = arg_member(ARGV[i])
   env_ids[#env_ids + 1], run_ids[#run_ids + 1] = env_id, run
   arg_token(ARGV[i + 1])
+  kept[#kept + 1] = ARGV[i + 2] ~= '' and kept_outcome(ARGV[i + 2])
   arg_word(ARGV[i + 3], 'status', ARG_RULES.finish_statuses)
 end
 
@@ -38,7 +41,7 @@ local X = state_new(C, tag)
 local statuses, gone, acked = {}, {}, {}
 for n = 1, count do
   local i = FIRST_ARG + (n - 1) * FIELDS
-  local member, outcome, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
+  local member, status = ARGV[i], ARGV[i + 3]
   local mkey = run_key(tag, member)
   local queue, ck, state, lease_token, attempts, lease_start, slot_tenant = run_read_ack(mkey)
   if not queue or acked[member] then -- (its hash is deleted at the end of this call)
@@ -53,8 +56,14 @@ for n = 1, count do
     free_slots_later(X, Q, flow, run, ta)
     X.lease_del[#X.lease_del + 1] = member
     gone[#gone + 1] = mkey
-    if outcome ~= '' then write_outcome(X, member, outcome) end
     local started = tonumber(lease_start)
+    local outcome = kept[n]
+    if outcome then
+      write_outcome(X, member, {status = status, queue = queue, key = ck, tenant = ta,
+        attempts = tonumber(attempts) + (status == 'completed' and 0 or 1),
+        error = outcome.error, traceback = outcome.traceback, started_at = started,
+        finished_at = X.now, result = outcome.result})
+    end
     recent_add(X, Q, run, status, attempts or '0', started, ck, ta)
     history_add(X, Q, status, 1)
     if started then

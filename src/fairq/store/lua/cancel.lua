@@ -41,8 +41,8 @@ if state == 'running' then
   redis.call('PUBLISH', C.wake_channel, 'cancel:' .. member)
   return S.CANCEL_REQUESTED
 end
-local outcome = cjson.encode({status = 'cancelled', queue = queue, key = ck,
-  tenant = tenant or '', attempts = tonumber(attempts) or 0, finished_at = X.now})
+local outcome = {status = 'cancelled', queue = queue, key = ck,
+  tenant = tenant or '', attempts = tonumber(attempts) or 0, finished_at = X.now}
 if state == 'dlq' then
   redis.call('ZREM', env_key(Q.V, 'dlq'), run)
   redis.call('DEL', mkey)

@@ -15,7 +15,9 @@ ARGV
   FIRST_ARG + 4  count the attempt (1 / 0)
   FIRST_ARG + 5  max attempts (1..ARG_RULES.attempts)
   FIRST_ARG + 6  the attempt's error (text, '' = none), kept with the run
-  FIRST_ARG + 7  outcome JSON to keep when it is dead-lettered ('' = none)
+  FIRST_ARG + 7  keep an outcome when it is dead-lettered (1 / 0: the run's queue, key,
+                 tenant and attempts, the attempt's error and traceback, its lease start
+                 and the script's clock)
   FIRST_ARG + 8  the attempt's traceback (text, '' = none), kept with the run
 Reply
   {status, attempts}: REQUEUED, DEAD_LETTERED, CANCELLED, UNKNOWN_RUN, LEASE_LOST
@@ -39,7 +41,7 @@ if retry_at > MAX_TIME_MS then fail('retry time out of range') end
 local increment = arg_int(ARGV[FIRST_ARG + 4], 'increment', 0, 1)
 local max_attempts = arg_int(ARGV[FIRST_ARG + 5], 'max_attempts', 1, ARG_RULES.attempts)
 local error_text = ARGV[FIRST_ARG + 6] or ''
-local outcome = ARGV[FIRST_ARG + 7] or ''
+local keep_outcome = arg_int(ARGV[FIRST_ARG + 7] or '0', 'keep outcome', 0, 1) == 1
 local traceback = ARGV[FIRST_ARG + 8] or ''
 
 local X = state_new(C, tag)
@@ -67,7 +69,12 @@ elseif increment > 0 and attempt >= max_attempts then
     RUN_FIELD.lease_deadline, X.now, RUN_FIELD.error, error_text,
     RUN_FIELD.traceback, traceback, RUN_FIELD.slot_tenant, '')
   redis.call('ZADD', env_key(Q.V, 'dlq'), X.now, run)
-  if outcome ~= '' then write_outcome(X, member, outcome) end
+  if keep_outcome then
+    write_outcome(X, member, {status = 'dead_lettered', queue = queue, key = ck, tenant = ta,
+      attempts = attempt, error = error_text ~= '' and error_text or nil,
+      traceback = traceback ~= '' and traceback or nil, started_at = started,
+      finished_at = X.now})
+  end
   recent_add(X, Q, run, 'dead_lettered', attempt, started, ck, ta)
   history_add(X, Q, 'dead_lettered', 1)
   status = S.DEAD_LETTERED

@@ -12,9 +12,9 @@
 local function end_cancelled(X, Q, member, run, run_fields)
   local r = run_fields
   redis.call('DEL', run_key(X.tag, member))
-  write_outcome(X, member, cjson.encode({status = 'cancelled', queue = Q.name, key = r.ck,
+  write_outcome(X, member, {status = 'cancelled', queue = Q.name, key = r.ck,
     tenant = r.tenant or '', attempts = r.attempts, started_at = r.started,
-    finished_at = X.now, error = r.error ~= '' and r.error or nil}))
+    finished_at = X.now, error = r.error ~= '' and r.error or nil})
   recent_add(X, Q, run, 'cancelled', r.attempts, r.started, r.ck, r.slot_tenant)
   history_add(X, Q, 'cancelled', 1)
 end

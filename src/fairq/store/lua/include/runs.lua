@@ -236,8 +236,40 @@ local function run_queue(X, env_id, queue)
   return Q
 end
 
-local function write_outcome(X, member, json)
-  redis.call('SET', outcome_key(X.tag, member), json, 'EX', X.C.outcome_ttl)
+-- A run's outcome document (fairq/outcomes.py reads it): `outcome` holds its fields
+-- (OUTCOME_FIELDS) by name, a missing one left out, and its result as JSON text (spliced
+-- in as it is; 'null' when missing). The one writer of the document.
+local function outcome_json(outcome)
+  local head = {}
+  for _, name in ipairs(OUTCOME_FIELDS) do
+    if name ~= 'result' then head[name] = outcome[name] end
+  end
+  return string.sub(cjson.encode(head), 1, -2) .. ',"result":' .. (outcome.result or 'null') .. '}'
+end
+
+local function write_outcome(X, member, outcome)
+  redis.call('SET', outcome_key(X.tag, member), outcome_json(outcome), 'EX', X.C.outcome_ttl)
+end
+
+-- What a worker sends of a run's outcome (fairq.outcomes.KeptOutcome.packed): the byte
+-- lengths of the error and the traceback ('-' = none), a space after each, then the
+-- error, the traceback and the result JSON. Checked; returns {error, traceback, result}.
+local function kept_outcome(packed)
+  local error_len, traceback_len, at = string.match(packed, '^([%d%-]+) ([%d%-]+) ()')
+  if at == nil then fail('a kept outcome must start with two lengths') end
+  local texts = {}
+  for i, len in ipairs({error_len, traceback_len}) do
+    if len ~= '-' then
+      local n = tonumber(len)
+      if n == nil or n ~= math.floor(n) or at + n - 1 > #packed then
+        fail('a kept outcome is cut short')
+      end
+      texts[i] = string.sub(packed, at, at + n - 1)
+      at = at + n
+    end
+  end
+  if at > #packed then fail('a kept outcome needs its result') end
+  return {error = texts[1], traceback = texts[2], result = string.sub(packed, at)}
 end
 
 -- A finished run for the queue's recent list (newest first, bounded): one line
@@ -279,10 +311,10 @@ end
 local function expire_run(X, Q, ck, run, member, attempts)
   redis.call('DEL', run_key(X.tag, member))
   X.ttl_del[#X.ttl_del + 1] = member
-  write_outcome(X, member, cjson.encode({
+  write_outcome(X, member, {
     status = 'expired', queue = Q.name, key = ck, attempts = attempts or 0,
     finished_at = X.now,
-  }))
+  })
   recent_add(X, Q, run, 'expired', attempts or 0, nil, ck, '')
   history_add(X, Q, 'expired', 1)
 end
