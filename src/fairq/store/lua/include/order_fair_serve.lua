@@ -863,7 +863,6 @@ do
   -- Serve the ready heads of one environment: the fair queues together in one SFQ order
   -- (placed where their oldest head is), the age-order queues as in the age order.
   HOOK.serve = function(X, env, by_name, ready, budget, lease_ms, out, R)
-    local served, lenders = 0, {}
     local fair, seen, heads = {}, {}, {}
     for _, entry in ipairs(ready) do
       local Q = by_name[entry.queue]
@@ -875,24 +874,8 @@ do
         if entry.kind == KIND_QUEUE then heads[Q.name] = entry.score end
       end
     end
-    local fair_done = false
-    for _, entry in ipairs(ready) do
-      if served >= budget then break end
-      local Q = by_name[entry.queue]
-      if Q.order == 'fair' then
-        if not fair_done then
-          fair_done = true
-          served = served + E.fair_serve(X, env, fair, heads, budget - served, lease_ms, out, R)
-        end
-      elseif entry.kind == KIND_QUEUE then
-        served = served + serve_keyless(X, Q, budget - served, lease_ms, out, R)
-      else
-        served = served + serve_ck_age(X, Q, budget - served, lease_ms, out, R, lenders)
-      end
-    end
-    if served < budget and #lenders > 0 then
-      served = served + serve_borrowers(X, lenders, budget - served, lease_ms, out, R)
-    end
+    local served, fair_done = serve_entries(X, by_name, ready, budget, lease_ms, out, R,
+      function(room) return E.fair_serve(X, env, fair, heads, room, lease_ms, out, R) end)
     if fair_done then E.env_charge(X, env, served) end
     return served
   end

@@ -157,3 +157,29 @@ local function serve_borrowers(X, lenders, budget, lease_ms, out, R)
   end
   return served
 end
+
+-- Serve the ready heads-index entries of one environment in their order (oldest head
+-- first): age-order queues by age; with `serve_fair` (the fair build), the fair queues
+-- all together, the first time one of theirs comes up (serve_fair(room) returns what it
+-- served). Then borrowing. Returns the runs served and whether the fair queues were.
+local function serve_entries(X, by_name, ready, budget, lease_ms, out, R, serve_fair)
+  local served, lenders, fair_done = 0, {}, false
+  for _, entry in ipairs(ready) do
+    if served >= budget then break end
+    local Q = by_name[entry.queue]
+    if serve_fair ~= nil and Q.order == 'fair' then
+      if not fair_done then
+        fair_done = true
+        served = served + serve_fair(budget - served)
+      end
+    elseif entry.kind == KIND_QUEUE then
+      served = served + serve_keyless(X, Q, budget - served, lease_ms, out, R)
+    else
+      served = served + serve_ck_age(X, Q, budget - served, lease_ms, out, R, lenders)
+    end
+  end
+  if served < budget and #lenders > 0 then
+    served = served + serve_borrowers(X, lenders, budget - served, lease_ms, out, R)
+  end
+  return served, fair_done
+end
