@@ -55,6 +55,20 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture(scope="session")
+def cluster_url(redis_url: str) -> Iterator[str]:
+    """A Redis Cluster for tests that need one in any run: the session's own under
+    FAIRQ_TEST_CLUSTER, else a 2-master embedded cluster started once for the session."""
+    from fairq.cluster import EmbeddedCluster
+    from fairq.server import is_cluster_url
+
+    if is_cluster_url(redis_url):
+        yield redis_url
+        return
+    with EmbeddedCluster(2) as cluster:
+        yield cluster.url
+
+
 @pytest.fixture
 def prefix() -> str:
     return f"t{os.getpid()}x{next(_counter)}"

@@ -8,30 +8,20 @@ a cluster of its own."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from fairq.cluster import EmbeddedCluster
 from fairq.keys import Environment
-from fairq.server import connect, is_cluster_url
+from fairq.server import connect
 from fairq.store import RunQueue
 from fairq.store.cluster_routing import FcallKeysParser, route_fcall_by_keys
 
 pytestmark = pytest.mark.cluster
 
 T0 = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def cluster_url(redis_url: str) -> Iterator[str]:
-    if is_cluster_url(redis_url):
-        yield redis_url
-        return
-    with EmbeddedCluster(2) as cluster:
-        yield cluster.url
 
 
 @pytest.fixture

@@ -4,27 +4,16 @@ nothing)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from fairq.cluster import EmbeddedCluster
 from fairq.config import RunQueueConfig
 from fairq.keys import Environment
-from fairq.server import connect, is_cluster_url
+from fairq.server import connect
 from fairq.store import RunQueue
 
 T0 = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def cluster_url(redis_url: str) -> Iterator[str]:
-    if is_cluster_url(redis_url):
-        yield redis_url
-        return
-    with EmbeddedCluster(2) as cluster:
-        yield cluster.url
 
 
 async def keys_of(rq: RunQueue) -> list[Any]:
