@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import json
 import random
 import sys
@@ -42,6 +43,7 @@ from fairq.models import EnqueueRequest
 from fairq.server import EmbeddedServer, connect
 from fairq.store import RunQueue
 from fairq.store._core import StoreCore
+from fairq.store.spread import SpreadOps
 
 T0 = 1_000_000
 QUEUE = "bench"
@@ -65,30 +67,44 @@ async def queue(url: str, prefix: str) -> RunQueue:
     return RunQueue(await connect(url), config.with_vtime(enabled=True), rng=random.Random(1))
 
 
+#: Set while the store reads the next partition state in the background (a context
+#: variable: the tasks a cluster client starts for a pipeline inherit it).
+_BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("background", default=False)
+
+
 class Trips:
-    """Counts the awaited client calls (each is a round trip) of every store."""
+    """Counts the awaited client calls (each is a round trip) of every store, the
+    background reads of the next partition state apart."""
 
     def __init__(self) -> None:
         self.waited = 0
         self.background = 0
         self._read = StoreCore.read
+        self._view = SpreadOps.spread_view
 
     def __enter__(self) -> Trips:
         trips = self
 
         async def read(store: StoreCore, awaitable: Any) -> Any:
-            task = asyncio.current_task()
-            if task is not None and task.get_name().startswith("fairq-view"):
+            if _BACKGROUND.get():
                 trips.background += 1
             else:
                 trips.waited += 1
             return await trips._read(store, awaitable)
 
+        async def view(store: SpreadOps, *args: Any) -> Any:
+            task = asyncio.current_task()
+            if task is not None and task.get_name() == "fairq-view":
+                _BACKGROUND.set(True)
+            return await trips._view(store, *args)
+
         StoreCore.read = read  # type: ignore[method-assign]
+        SpreadOps.spread_view = view  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         StoreCore.read = self._read  # type: ignore[method-assign]
+        SpreadOps.spread_view = self._view  # type: ignore[method-assign]
 
 
 async def commands(rq: RunQueue) -> Counter[str]:

@@ -303,3 +303,41 @@ async def test_grants_made_at_once_never_sum_above_the_cap(
     )
     assert sum(int(r[1]) for r in replies) == 6
     assert (await rq.ledger(env)).granted(ENV_SCOPE) == 6
+
+
+async def test_a_queue_rate_limit_is_shared_equally_and_shown_whole(
+    make_queue: Any, env: Environment
+) -> None:
+    """A spread environment's queue rate is cluster-wide: each partition holds an equal
+    share of the rate and of the burst, so together they never start more than the rate
+    (a burst smaller than the partitions is at least 1 run each)."""
+    rq: RunQueue = await make_queue(shard_count=8, vtime={"enabled": True})
+    await rq.set_rate_limit(env, QUEUE, 6.0, burst=6)
+    await rq.set_partitions(env, 3)
+    for p in range(3):
+        config = rq.keys.env(env, p).config
+        assert float(await rq.client.hget(config, f"q:{QUEUE}:rate")) == 2.0
+        assert await rq.client.hget(config, f"q:{QUEUE}:rate_burst") == b"2"
+    stats = await rq.queue_stats(env, QUEUE)
+    assert (stats.rate, stats.rate_burst) == (6.0, 6)
+    await backlog(rq, env, tenants_in(3, 1), 30)
+    started = 0
+    for step in range(10):  # 10 s of logical time at 6 runs/s, burst 6: at most 66
+        got = await rq.dequeue(50, env=env, queues=[QUEUE], now_ms=T0 + step * STEP_MS)
+        started += len(got)
+        await rq.ack(got, now_ms=T0 + step * STEP_MS)
+    assert started <= 6 * 9 + 6, started
+    await rq.set_rate_limit(env, QUEUE, 3.0)  # the burst in force stays
+    assert float(await rq.client.hget(rq.keys.env(env, 2).config, f"q:{QUEUE}:rate")) == 1.0
+    await rq.set_rate_limit(env, QUEUE, None)
+    for p in range(3):
+        assert await rq.client.hget(rq.keys.env(env, p).config, f"q:{QUEUE}:rate") is None
+    assert (await rq.queue_stats(env, QUEUE)).rate is None
+    # back to one partition (an empty environment): partition 0 holds the whole rate
+    other = Environment(env.org, env.project, "other")
+    await rq.set_rate_limit(other, QUEUE, 3.0, burst=1)
+    await rq.set_partitions(other, 3)
+    await rq.set_partitions(other, 1, now_ms=T0)
+    await rq.set_partitions(other, 1, now_ms=T0 + 60_000)
+    config = rq.keys.env(other, 0).config
+    assert float(await rq.client.hget(config, f"q:{QUEUE}:rate")) == 3.0

@@ -24,7 +24,7 @@ from fairq.store.options import (
     WEIGHT_OVERRIDE,
     parse_rate,
 )
-from fairq.store.quotas import ENV_SCOPE, is_quota_field
+from fairq.store.quotas import ENV_SCOPE, RATE_FIELDS, Ledger, is_quota_field
 
 Target = Literal[
     "config", "key_caps", "tenant_caps", "key_rates", "tenant_rates", "key_weights",
@@ -103,6 +103,12 @@ class AdminOps(StoreCore):
             self, env: Environment, scope: str, cap: int | None, *, now_ms: int | None = None
         ) -> None: ...
 
+        async def set_rate(
+            self, env: Environment, queue: str, rate: float | None, burst: int | None
+        ) -> None: ...
+
+        async def ledger(self, env: Environment) -> Ledger: ...
+
     async def purge(self) -> int:
         """Delete every key of this store's prefix (tests, the simulator, the demo).
         Returns how many keys it deleted. Uses SCAN (on every master of a cluster)."""
@@ -178,8 +184,12 @@ class AdminOps(StoreCore):
         rest = [c for c in changes if not is_quota_change(c)]
         if rest:
             await self.configure(env, rest, partitions=range(served))
+        rates: dict[str, dict[str, str | None]] = {}
         for c in changes:
             if not is_quota_change(c):
+                continue
+            if c.queue is not None and c.field in RATE_FIELDS:
+                rates.setdefault(c.queue, {})[c.field] = c.value
                 continue
             scope = ENV_SCOPE if c.queue is None else c.queue
             if c.value is not None:
@@ -187,6 +197,25 @@ class AdminOps(StoreCore):
             else:  # no limit of its own: the default, cluster-wide; no total: none
                 cap = self.config.default_env_concurrency if c.queue is None else None
             await self.set_cap(env, scope, cap)
+        for queue, given in rates.items():
+            await self._set_spread_rate(env, queue, given)
+
+    async def _set_spread_rate(
+        self, env: Environment, queue: str, given: dict[str, str | None]
+    ) -> None:
+        """A queue's rate-limit changes of a spread environment: its cluster-wide rate
+        (a burst removed is 1 again; a burst alone keeps the rate)."""
+        burst: int | None = None
+        if "rate_burst" in given:
+            raw_burst = given["rate_burst"]
+            burst = 1 if raw_burst is None else int(raw_burst)
+        if "rate" in given:
+            raw_rate = given["rate"]
+            rate = None if raw_rate is None else float(raw_rate)
+        else:
+            known = (await self.ledger(env)).rates.get(queue)
+            rate = None if known is None else known[0]
+        await self.set_rate(env, queue, rate, burst)
 
     # ------------------------------------------------------------------ environments
 

@@ -126,6 +126,7 @@ class LayoutOps(QuotaOps):
         await self._record(env, new, shrinking=new.draining > 0, now_ms=now_ms)
         if new.served > 1:
             await self.rebalance(env, now_ms=now_ms, locked=False)
+            await self.split_rates(env)  # equal shares over the partitions now served
         return new
 
     async def _after_drain(

@@ -62,10 +62,21 @@ def quota_field(scope: str) -> str:
 
 
 def is_quota_field(field_name: str, queue: str | None) -> bool:
-    """Whether a config option is one a spread environment keeps as quotas."""
-    return (queue is None and field_name == "concurrency") or (
-        queue is not None and field_name == "total"
-    )
+    """Whether a config option is one a spread environment keeps as shares of a
+    cluster-wide value: its concurrency, a queue's total (quotas), a queue's rate limit."""
+    if queue is None:
+        return field_name == "concurrency"
+    return field_name in ("total", *RATE_FIELDS)
+
+
+#: A queue's rate-limit options, split in equal shares over a spread environment.
+RATE_FIELDS: Final = ("rate", "rate_burst")
+
+
+def rate_share(rate: float, burst: int, partitions: int) -> tuple[float, int]:
+    """One partition's share of a queue's rate limit: an equal part of the rate and of
+    the burst (at least 1 run)."""
+    return rate / partitions, max(1, burst // partitions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +86,8 @@ class Ledger:
     caps: dict[str, int] = field(default_factory=dict)
     grants: dict[tuple[str, int], int] = field(default_factory=dict)
     epoch: int = 0
+    #: queue -> its cluster-wide rate limit (runs/s, burst), shared equally
+    rates: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def granted(self, scope: str) -> int:
         return sum(n for (s, _), n in self.grants.items() if s == scope)
@@ -83,10 +96,16 @@ class Ledger:
 def parse_ledger(raw: dict[Any, Any]) -> Ledger:
     caps: dict[str, int] = {}
     grants: dict[tuple[str, int], int] = {}
+    rates: dict[str, tuple[float, int]] = {}
     epoch = 0
     for k, v in raw.items():
-        name, value = text_of(k), int(text_of(v))
+        name, text = text_of(k), text_of(v)
         kind, _, rest = name.partition(":")
+        if kind == "rate":
+            rate, _, burst = text.partition(":")
+            rates[rest] = (float(rate), int(burst))
+            continue
+        value = int(text)
         if kind == "cap":
             caps[rest] = value
         elif kind == "grant":
@@ -94,7 +113,7 @@ def parse_ledger(raw: dict[Any, Any]) -> Ledger:
             grants[(scope, int(partition))] = value
         elif kind == "epoch":
             epoch = value
-    return Ledger(caps, grants, epoch)
+    return Ledger(caps, grants, epoch, rates)
 
 
 def quota_targets(
@@ -188,6 +207,35 @@ class QuotaOps(StoreCore):
             await self.reconcile(env, now_ms=now_ms)
         await self.rebalance(env, now_ms=now_ms, locked=False)
 
+    async def set_rate(
+        self, env: Environment, queue: str, rate: float | None, burst: int | None
+    ) -> None:
+        """Set (rate None: remove) a queue's cluster-wide rate limit of a spread
+        environment; a burst of None keeps the one in force (1 by default)."""
+        if rate is None:
+            await self._ledger_call(env, ["rate", queue, ""], None)
+        else:
+            known = (await self.ledger(env)).rates.get(queue)
+            kept = burst if burst is not None else known[1] if known else 1
+            await self._ledger_call(env, ["rate", queue, f"{rate!r}:{kept}"], None)
+        await self.split_rates(env, [queue])
+
+    async def split_rates(self, env: Environment, queues: Sequence[str] | None = None) -> None:
+        """Give every partition its equal share of the queues' cluster-wide rate limits
+        (all of them by default; a queue whose limit was removed: none)."""
+        ledger = await self.ledger(env)
+        served = (await self.placement(env)).served
+        for queue in sorted(ledger.rates) if queues is None else queues:
+            if queue in ledger.rates:
+                rate, burst = rate_share(*ledger.rates[queue], served)
+                values: list[str | None] = [repr(rate), str(burst)]
+            else:
+                values = [None, None]
+            changes = [
+                ("config", queue, name, v) for name, v in zip(RATE_FIELDS, values, strict=True)
+            ]
+            await self.configure_partitions(env, changes, range(served))
+
     async def clamp(
         self, env: Environment, scope: str, partitions: Sequence[int], now_ms: int | None
     ) -> None:
@@ -239,6 +287,11 @@ class QuotaOps(StoreCore):
                 await self._ledger_call(env, ["cap", scope, str(cap)], now_ms)
                 await self._ledger_call(env, ["grant", scope, "0", str(cap)], now_ms)
                 await self.clamp_to(env, 0, scope, cap)
+            for name, value in config.items():
+                queue, _, option = name[len(prefix) :].rpartition(":")
+                if name.startswith(prefix) and option == "rate" and queue:
+                    burst = config.get(K.config_field(queue, "rate_burst"), "1")
+                    await self._ledger_call(env, ["rate", queue, f"{value}:{burst}"], now_ms)
             ledger = await self.ledger(env)
         for scope in ledger.caps:
             await self.clamp(env, scope, new, now_ms)
@@ -253,6 +306,13 @@ class QuotaOps(StoreCore):
             await self.clamp(env, scope, drained, now_ms)
             await self.clamp_to(env, 0, scope, cap)
             await self._ledger_call(env, ["cap", scope, ""], now_ms)
+        for queue, (rate, burst) in sorted(ledger.rates.items()):
+            changes = [
+                ("config", queue, "rate", repr(rate)),
+                ("config", queue, "rate_burst", str(burst)),
+            ]
+            await self.configure_partitions(env, changes, [0])
+            await self._ledger_call(env, ["rate", queue, ""], now_ms)
 
     async def clamp_to(self, env: Environment, partition: int, scope: str, quota: int) -> None:
         """Make a partition's quota of ``scope`` explicit (the value it holds already)."""

@@ -124,14 +124,19 @@ def _recent_run(item: str) -> RecentRun:
     )
 
 
-def summed_queue_stats(parts: list[QueueStats], total: int | None) -> QueueStats:
+def summed_queue_stats(
+    parts: list[QueueStats], total: int | None, rate: tuple[float, int] | None
+) -> QueueStats:
     """One queue's stats over an environment's partitions: the first partition's
-    settings (every partition has the same, but for its share of the total: ``total`` is
-    the cluster-wide one), the counts summed, the oldest head of all."""
+    settings (every partition has the same, but for its shares of the total and of the
+    rate limit: ``total`` and ``rate`` are the cluster-wide ones), the counts summed, the
+    oldest head of all."""
     heads = [p.oldest_score_ms for p in parts if p.oldest_score_ms is not None]
     return replace(
         parts[0],
         total_concurrency_limit=total,
+        rate=None if rate is None else rate[0],
+        rate_burst=None if rate is None else rate[1],
         queued=sum(p.queued for p in parts),
         running=sum(p.running for p in parts),
         delayed=sum(p.delayed for p in parts),
@@ -169,7 +174,7 @@ class ReaderOps(StoreCore):
         caps = await self.read(self.client.hgetall(self.keys.env(env).quota))
         ledger = parse_ledger(caps)
         return [
-            summed_queue_stats(list(rows), ledger.caps.get(name))
+            summed_queue_stats(list(rows), ledger.caps.get(name), ledger.rates.get(name))
             for name, rows in zip(queues, zip(*parts, strict=True), strict=True)
         ]
 

@@ -12,7 +12,7 @@ partition really holds. While one runs the ledger refuses grants and returns (a 
 and its epoch fences the moves begun before it.
 
 Lives in partition 0's slot: V:quota (fields cap:<scope>, grant:<scope>:<partition>,
-epoch, hold).
+epoch, hold, and rate:<queue> for the queues' rate limits).
 
 KEYS
   1 T  partition 0's shard tag
@@ -23,6 +23,8 @@ ARGV
     grant   scope, partition, wanted (>= 0)       -> {OK, granted, epoch}
     return  scope, partition, amount, epoch       -> {OK, taken back (0: fenced or held)}
     cap     scope, cap ('' = the scope is no longer capped) -> {OK, grants removed}
+    rate    queue, 'rate:burst' ('' = none): the queue's cluster-wide rate limit, which
+            every partition holds an equal share of                       -> {OK}
     begin   hold (ms)                             -> {OK, epoch}
     end     epoch, then per partition and scope: scope, partition, quota -> {OK, 1 | 0}
 Reply
@@ -32,7 +34,8 @@ Reply
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local op = arg_word(ARGV[FIRST_ARG + 1], 'operation', {'grant', 'return', 'cap', 'begin', 'end'})
+local op = arg_word(ARGV[FIRST_ARG + 1], 'operation',
+  {'grant', 'return', 'cap', 'rate', 'begin', 'end'})
 local Q = env_key(env_prefix(tag, env_id), 'quota')
 
 local function arg_scope(value)
@@ -97,6 +100,18 @@ elseif op == 'cap' then
   end
   redis.call('HSET', Q, 'cap:' .. scope, arg_int(raw, 'cap', 0, UNLIMITED))
   return {S.OK, 0}
+elseif op == 'rate' then
+  local queue = arg_name(ARGV[FIRST_ARG + 2], 'queue', ARG_RULES.name_length)
+  local raw = ARGV[FIRST_ARG + 3]
+  if raw == '' then
+    redis.call('HDEL', Q, 'rate:' .. queue)
+    return {S.OK}
+  end
+  local r, b = string.match(raw or '', '^([^:]+):([^:]+)$')
+  arg_num(r, 'rate', 0, UNLIMITED)
+  arg_int(b, 'rate burst', 1, UNLIMITED)
+  redis.call('HSET', Q, 'rate:' .. queue, raw)
+  return {S.OK}
 elseif op == 'begin' then
   local hold = arg_int(ARGV[FIRST_ARG + 2], 'hold', 1, ARG_RULES.quota_hold_ms)
   local epoch = redis.call('HINCRBY', Q, 'epoch', 1)
