@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from fairq.consumer import Consumer
 from fairq.errors import ConfigurationError, InvalidLimitError
 from fairq.keys import Environment, encode_tenant, tenant_partition
-from fairq.models import AckStatus, CancelOutcome, EnqueueRequest, NackOutcome
+from fairq.models import AckStatus, CancelOutcome, Delivery, EnqueueRequest, NackOutcome
 from fairq.server import is_cluster_url
 from fairq.store import RunQueue
 from fairq.store.blocking import BlockingEnqueuer
@@ -45,6 +45,18 @@ async def enqueue_tenants(rq: RunQueue, env: Environment, per_tenant: int = 2) -
     ]
     await rq.enqueue_many(requests, now_ms=NOW)
     return [r.run_id for r in requests]
+
+
+async def drain(rq: RunQueue, *, max_count: int, **where: Any) -> list[Delivery]:
+    """Dequeue (and ack, each acked) until nothing comes; every delivery, in order."""
+    served: list[Delivery] = []
+    for _ in range(1_000):
+        batch = await rq.dequeue(max_count, now_ms=NOW, **where)
+        if not batch:
+            return served
+        served += batch
+        assert await rq.ack(batch, now_ms=NOW) == [AckStatus.ACKED] * len(batch)
+    raise AssertionError("the queue never drained")
 
 
 async def run_key_exists(rq: RunQueue, env: Environment, partition: int, run_id: str) -> bool:
@@ -100,17 +112,9 @@ async def test_a_worker_serves_every_partition_and_finishes_in_the_right_one(
 ) -> None:
     rq = await spread_queue(make_queue, env, 3)
     runs = await enqueue_tenants(rq, env)
-    served: list[str] = []
-    partitions: set[int] = set()
-    while True:
-        batch = await rq.dequeue(7, env=env, queues=[QUEUE], now_ms=NOW)
-        if not batch:
-            break
-        partitions |= {d.partition for d in batch}
-        served += [d.run_id for d in batch]
-        assert await rq.ack(batch, now_ms=NOW) == [AckStatus.ACKED] * len(batch)
-    assert sorted(served) == sorted(runs)
-    assert partitions == {0, 1, 2}
+    served = await drain(rq, max_count=7, env=env, queues=[QUEUE])
+    assert sorted(d.run_id for d in served) == sorted(runs)
+    assert {d.partition for d in served} == {0, 1, 2}
     stats = await rq.queue_stats(env, QUEUE)
     assert (stats.queued, stats.running, stats.partitions) == (0, 0, 3)
 
@@ -120,14 +124,8 @@ async def test_a_consumer_of_every_shard_serves_every_partition(
 ) -> None:
     rq = await spread_queue(make_queue, env, 3)
     runs = await enqueue_tenants(rq, env)
-    served: list[str] = []
-    for _ in range(100):
-        batch = await rq.dequeue(10, now_ms=NOW)
-        if not batch:
-            break
-        served += [d.run_id for d in batch]
-        assert await rq.ack(batch, now_ms=NOW) == [AckStatus.ACKED] * len(batch)
-    assert sorted(served) == sorted(runs)
+    served = await drain(rq, max_count=10)
+    assert sorted(d.run_id for d in served) == sorted(runs)
 
 
 async def test_nack_heartbeat_and_release_reach_the_runs_partition(
@@ -217,11 +215,8 @@ async def test_shrinking_keeps_serving_the_old_partitions_until_they_drain(
         await rq.set_partitions(env, 1, now_ms=NOW + 1_000)
     with pytest.raises(ConfigurationError, match="still hold runs"):
         await rq.set_partitions(env, 1, now_ms=NOW + 60_000)
-    served = []
-    while batch := await rq.dequeue(10, env=env, queues=[QUEUE], now_ms=NOW):
-        served += [d.run_id for d in batch]
-        await rq.ack(batch, now_ms=NOW)
-    assert sorted(served) == sorted([*runs, "late"])
+    served = await drain(rq, max_count=10, env=env, queues=[QUEUE])
+    assert sorted(d.run_id for d in served) == sorted([*runs, "late"])
     done = await rq.set_partitions(env, 1, now_ms=NOW + 60_000)
     assert (done.partitions, done.draining) == (1, 0)
     assert await rq.client.hget(rq.keys.placement, env.id) is None

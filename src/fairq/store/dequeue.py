@@ -200,6 +200,35 @@ class DequeueOps(SpreadOps):
         )
         return batch.deliveries
 
+    async def dequeue_spread(
+        self,
+        env: Environment,
+        queues: Sequence[str],
+        partitions: int,
+        max_count: int,
+        *,
+        lease_ms: int | None = None,
+        now_ms: int | None = None,
+        charge_env: bool = False,
+    ) -> DequeueBatch:
+        """Up to ``max_count`` runs of an environment spread over ``partitions``: its
+        partitions in the order of :meth:`spread_plan`, one dequeue call each, until the
+        batch is full."""
+        if not queues:
+            return DequeueBatch([])
+        view, ranked = await self.spread_plan(env, queues, partitions, max_count, now_ms)
+        leased = Leased(max_count)
+        for partition in ranked:
+            leased.add(
+                await self.dequeue_env(
+                    env, queues, leased.room, lease_ms=lease_ms, now_ms=now_ms,
+                    charge_env=charge_env, partition=partition,
+                )
+            )  # fmt: skip
+            if leased.room <= 0:
+                break
+        return self.spread_done(env, queues, partitions, view, leased, now_ms)
+
     async def dequeue_from_queue(
         self,
         env: Environment,

@@ -207,19 +207,6 @@ class SpreadOps(StoreCore):
             self, env: Environment, *, now_ms: int | None = None, locked: bool = True
         ) -> int: ...
 
-        async def dequeue_env(
-            self,
-            env: Environment,
-            queues: Sequence[str],
-            max_count: int,
-            *,
-            lease_ms: int | None = None,
-            now_ms: int | None = None,
-            kinds: str = "",
-            charge_env: bool = False,
-            partition: int = 0,
-        ) -> DequeueBatch: ...
-
     async def spread_view(
         self, env: Environment, queues: Sequence[str], partitions: int, now_ms: int | None
     ) -> SpreadView:
@@ -298,22 +285,17 @@ class SpreadOps(StoreCore):
         task.add_done_callback(_retrieve)
         self._views[key] = task
 
-    async def dequeue_spread(
+    async def spread_plan(
         self,
         env: Environment,
         queues: Sequence[str],
         partitions: int,
         max_count: int,
-        *,
-        lease_ms: int | None = None,
-        now_ms: int | None = None,
-        charge_env: bool = False,
-    ) -> DequeueBatch:
-        """Up to ``max_count`` runs of an environment spread over ``partitions``: its
-        partitions with ready work in rank order, one dequeue call each, until the batch
-        is full."""
-        if not queues:
-            return DequeueBatch([])
+        now_ms: int | None,
+    ) -> tuple[SpreadView, list[int]]:
+        """The view a dequeue of a spread environment acts on, and the partitions to
+        try in order (those with ready work and a slot under their quota), after moving
+        quota to where work waits when it looks out of place."""
         view, prefetched = await self._view_for(env, queues, partitions, now_ms)
         ranked = rank_partitions(view, self._floor_hints.get(env.id))
         if not ranked and prefetched:  # work may have arrived since it was read
@@ -325,23 +307,26 @@ class SpreadOps(StoreCore):
             view = await self.spread_view(env, queues, partitions, now_ms)
             ranked = rank_partitions(view, self._floor_hints.get(env.id))
         full = {s.partition for s in view.states if s.room is not None and s.room <= 0}
-        leased = Leased(max_count)
-        for partition in ranked:
-            if partition in full:
-                continue  # no slot under its quota: nothing to lease there now
-            leased.add(
-                await self.dequeue_env(
-                    env, queues, leased.room, lease_ms=lease_ms, now_ms=now_ms,
-                    charge_env=charge_env, partition=partition,
-                )
-            )  # fmt: skip
-            if leased.room <= 0:
-                break
-        if full and not leased.runs and leased.wait is None:
-            leased.gated = True  # held back by the quotas: a freed slot wakes consumers
+        return view, [p for p in ranked if p not in full]
+
+    def spread_done(
+        self,
+        env: Environment,
+        queues: Sequence[str],
+        partitions: int,
+        view: SpreadView,
+        leased: Leased,
+        now_ms: int | None,
+    ) -> DequeueBatch:
+        """After the dequeue calls of a spread environment: read the next view in the
+        background when runs were leased (on the server's clock); else say how long to
+        wait, and when a partition had no slot under its quota, that a freed slot wakes
+        consumers."""
         if leased.runs and now_ms is None:
             self._prefetch(env, queues, partitions)
         if not leased.runs and leased.wait is None:
+            if any(s.room is not None and s.room <= 0 for s in view.states):
+                leased.gated = True
             leased.wait = next_wait_ms(view.states, view.now)
         return leased.batch()
 
