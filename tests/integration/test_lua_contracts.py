@@ -102,6 +102,15 @@ def call_arguments(code: str, start: int) -> list[str]:
     return [*args, "".join(current).strip()]
 
 
+def redis_calls(code: str) -> list[tuple[str, list[str]]]:
+    """Every redis.call / redis.pcall: its command (upper-case) and its other arguments."""
+    out = []
+    for call in re.finditer(r"redis\.p?call\(", code):
+        command, *args = call_arguments(code, call.end() - 1)
+        out.append((command.strip("'\"").upper(), args))
+    return out
+
+
 _HASH_READS = {"HGET", "HMGET", "HGETALL", "HVALS", "HKEYS", "HEXISTS", "HSTRLEN"}
 _HASH_WRITES = {"HSET": 2, "HSETNX": 2, "HINCRBY": 2, "HDEL": 1}
 
@@ -110,15 +119,13 @@ def _hand_kept_run_access(path: str, code: str) -> list[str]:
     """Reads of a run hash by hand, and writes that spell a stored field name."""
     run_keys = set(re.findall(r"\b([A-Za-z_]\w*)\s*=\s*run_key\(", code))
     out = []
-    for call in re.finditer(r"redis\.p?call\(", code):
-        args = call_arguments(code, call.end() - 1)
-        if len(args) < 2 or not (args[1] in run_keys or args[1].startswith("run_key(")):
+    for command, args in redis_calls(code):
+        if not args or not (args[0] in run_keys or args[0].startswith("run_key(")):
             continue
-        command = args[0].strip("'\"").upper()
         if command in _HASH_READS:
             out.append(f"{path}: {command} of a run hash by hand (use a run_read_ reader)")
         step = _HASH_WRITES.get(command)
-        for field in args[2::step] if step else []:
+        for field in args[1::step] if step else []:
             if field[:1] in "'\"":
                 out.append(f"{path}: {command} spells the run-hash field {field} (use RUN_FIELD)")
     return out
@@ -363,10 +370,8 @@ def outcome_writer_problems(files: dict[str, str]) -> list[str]:
     out = []
     for path, text in files.items():
         code = lua_code(text)
-        for call in re.finditer(r"redis\.p?call\(", code):
-            args = call_arguments(code, call.end() - 1)
-            command = args[0].strip("'\"").upper()
-            stored = command in _STRING_WRITES and args[1:2] and args[1].startswith("outcome_key(")
+        for command, args in redis_calls(code):
+            stored = command in _STRING_WRITES and args and args[0].startswith("outcome_key(")
             if stored and path != OUTCOME_WRITER:
                 out.append(f"{path}: stores an outcome by hand (use write_outcome)")
         for encode in re.finditer(r"cjson\.encode\(\{", code):

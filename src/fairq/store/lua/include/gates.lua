@@ -14,13 +14,13 @@ local function overrides(X, Q)
   local o = X.overrides and X.overrides[Q.B]
   if o then return o end
   X.overrides = X.overrides or {}
-  o = {caps = {}, tcaps = {}, rates = {}, trates = {}}
+  o = {key_caps = {}, tenant_caps = {}, key_rates = {}, tenant_rates = {}}
   -- the config's flag says whether the queue has any override (no probe when it has none)
   if Q.overrides then
-    o.has_caps = redis.call('EXISTS', queue_key(Q.B, 'key_caps')) == 1
-    o.has_tcaps = redis.call('EXISTS', queue_key(Q.B, 'tenant_caps')) == 1
-    o.has_rates = redis.call('EXISTS', queue_key(Q.B, 'key_rates')) == 1
-    o.has_trates = redis.call('EXISTS', queue_key(Q.B, 'tenant_rates')) == 1
+    o.has_key_caps = redis.call('EXISTS', queue_key(Q.B, 'key_caps')) == 1
+    o.has_tenant_caps = redis.call('EXISTS', queue_key(Q.B, 'tenant_caps')) == 1
+    o.has_key_rates = redis.call('EXISTS', queue_key(Q.B, 'key_rates')) == 1
+    o.has_tenant_rates = redis.call('EXISTS', queue_key(Q.B, 'tenant_rates')) == 1
   end
   X.overrides[Q.B] = o
   return o
@@ -39,14 +39,14 @@ end
 local function key_cap(X, Q, flow)
   if flow_keyless(flow) then return Q.limit end
   local o = overrides(X, Q)
-  local v = override(o.caps, o.has_caps, queue_key(Q.B, 'key_caps'), flow_key(flow))
+  local v = override(o.key_caps, o.has_key_caps, queue_key(Q.B, 'key_caps'), flow_key(flow))
   return v and tonumber(v) or Q.limit
 end
 
 -- A tenant's own cap (nil when it has no override).
 local function tenant_cap_override(X, Q, tenant)
   local o = overrides(X, Q)
-  local v = override(o.tcaps, o.has_tcaps, queue_key(Q.B, 'tenant_caps'), tenant)
+  local v = override(o.tenant_caps, o.has_tenant_caps, queue_key(Q.B, 'tenant_caps'), tenant)
   return v and tonumber(v) or nil
 end
 
@@ -57,34 +57,35 @@ end
 -- Slots a flow holds now (its variant's in-flight set, or the keyless runs': every
 -- keyless flow of a queue shares them).
 local function flow_running(X, Q, flow)
-  X.frun = X.frun or {}
+  X.slots_held = X.slots_held or {}
   local id = flow_slots_key(Q, flow)
-  local v = X.frun[id]
+  local v = X.slots_held[id]
   if v == nil then
     v = redis.call('SCARD', id)
-    X.frun[id] = v
+    X.slots_held[id] = v
   end
   return v
 end
 
 local function flow_took(X, Q, flow, n)
   local id = flow_slots_key(Q, flow)
-  if X.frun and X.frun[id] then X.frun[id] = X.frun[id] + n end
+  if X.slots_held and X.slots_held[id] then X.slots_held[id] = X.slots_held[id] + n end
 end
 
 -- Runs of the queue in flight, keyless and keyed (for its total cap).
 local function queue_running(X, Q)
-  X.qrun = X.qrun or {}
-  local v = X.qrun[Q.B]
+  X.queue_in_flight = X.queue_in_flight or {}
+  local v = X.queue_in_flight[Q.B]
   if v == nil then
     v = redis.call('SCARD', queue_key(Q.B, 'inflight')) + ck_running(X, Q.B, Q.V, Q.env_id, Q.name)
-    X.qrun[Q.B] = v
+    X.queue_in_flight[Q.B] = v
   end
   return v
 end
 
 local function queue_took(X, Q, n)
-  if X.qrun and X.qrun[Q.B] then X.qrun[Q.B] = X.qrun[Q.B] + n end
+  local known = X.queue_in_flight and X.queue_in_flight[Q.B]
+  if known then X.queue_in_flight[Q.B] = known + n end
 end
 
 -- Room left under the queue's total cap (math.huge when it has none).
@@ -168,13 +169,13 @@ local function flow_buckets(X, Q, flow, tenant)
   local out = {}
   if Q.rate then out[#out + 1] = {bucket(X, Q, 'q', Q.rate, Q.rate_burst), 'queue'} end
   local o = overrides(X, Q)
-  local trate, tburst = parse_rate(override(o.trates, o.has_trates,
+  local trate, tburst = parse_rate(override(o.tenant_rates, o.has_tenant_rates,
     queue_key(Q.B, 'tenant_rates'), tenant))
   if trate == nil and Q.tenant_rate then trate, tburst = Q.tenant_rate, Q.tenant_rate_burst end
   if trate then out[#out + 1] = {bucket(X, Q, 't:' .. tenant, trate, tburst), 'tenant'} end
   if not flow_keyless(flow) then
-    local krate, kburst = parse_rate(override(o.rates, o.has_rates, queue_key(Q.B, 'key_rates'),
-      flow_key(flow)))
+    local krate, kburst = parse_rate(override(o.key_rates, o.has_key_rates,
+      queue_key(Q.B, 'key_rates'), flow_key(flow)))
     if krate == nil and Q.key_rate then krate, kburst = Q.key_rate, Q.key_rate_burst end
     if krate then out[#out + 1] = {bucket(X, Q, 'k:' .. flow, krate, kburst), 'key'} end
   end
