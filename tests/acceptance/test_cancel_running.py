@@ -23,7 +23,7 @@ from fairq.errors import RunFailedError
 from fairq.keys import Environment
 from fairq.models import CancelOutcome
 from fairq.outcomes import RunStatus
-from fairq.worker import current_run
+from fairq.worker import Worker, current_run
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 #: A heartbeat every 0.5 s.
@@ -42,6 +42,15 @@ async def cancelled(handle: Any) -> RunFailedError:
         await handle.wait(timeout=10)
     assert caught.value.status is RunStatus.CANCELLED
     return caught.value
+
+
+async def counted(worker: Worker, stat: str, n: int, within: float = 10.0) -> None:
+    """Wait until the worker's ``stat`` reaches ``n`` (a worker updates its stats when a
+    script's reply reaches it, after the run's outcome is already visible)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while getattr(worker.stats, stat) < n:
+        assert asyncio.get_running_loop().time() < deadline, (stat, worker.stats)
+        await asyncio.sleep(0.01)
 
 
 async def running(app: Fairq, queue: str) -> int:
@@ -254,6 +263,10 @@ async def test_a_run_that_ends_badly_after_its_cancel_is_not_retried(
         assert await asyncio.to_thread(started.wait, 10)
         assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
         failure = await cancelled(handle)
+        # the handle sees the outcome as soon as the script wrote it; the worker counts
+        # the run when the script's reply reaches it, a moment later (stopping it first
+        # would cut that short)
+        await counted(worker, "cancelled", 1)
     assert attempts == [0]
     if ending == "fails":
         assert "stopped half way" in (failure.error or "")
