@@ -24,11 +24,13 @@ from fairq.config import MAX_DEQUEUE_COUNT, RunQueueConfig
 from fairq.server import AnyRedis
 from fairq.store._core import StoreCore, wall_clock_ms
 from fairq.store.admin import AdminOps, Change
+from fairq.store.backlog import Backlog, BacklogOps
 from fairq.store.dequeue import DequeueOps
 from fairq.store.enqueue import EnqueueOps
 from fairq.store.finish import FinishOps
 from fairq.store.layout import LayoutOps
 from fairq.store.maintenance import MaintenanceOps
+from fairq.store.position import RunPosition
 from fairq.store.readers import HistoryBucket, ReaderOps, RecentRun
 from fairq.store.runs import RunOps
 from fairq.store.selection import SelectionStrategy
@@ -36,7 +38,15 @@ from fairq.store.validate import payload as encode_payload
 
 
 class RunQueue(
-    EnqueueOps, DequeueOps, FinishOps, RunOps, MaintenanceOps, LayoutOps, AdminOps, ReaderOps
+    EnqueueOps,
+    DequeueOps,
+    FinishOps,
+    RunOps,
+    MaintenanceOps,
+    LayoutOps,
+    AdminOps,
+    BacklogOps,
+    ReaderOps,
 ):
     """Enqueue, dequeue, finish and inspect runs; set limits and options.
 
@@ -68,9 +78,11 @@ class RunQueue(
 
 __all__ = [
     "MAX_DEQUEUE_COUNT",
+    "Backlog",
     "Change",
     "HistoryBucket",
     "RecentRun",
+    "RunPosition",
     "RunQueue",
     "encode_payload",
     "wall_clock_ms",
