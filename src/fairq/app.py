@@ -34,7 +34,7 @@ from fairq.keys import Environment
 from fairq.models import CancelOutcome
 from fairq.outcomes import RunInfo, RunStatus
 from fairq.server import connect, heal_shared_server_async, resolve_url
-from fairq.store import RunQueue
+from fairq.store import RunPosition, RunQueue, wall_clock_ms
 from fairq.sync import SyncFacade
 from fairq.tasks import Duration, Task, TenantFrom, to_ms
 
@@ -434,6 +434,16 @@ class Fairq:
             return self._eager_runs.get(run_id)
         rq = await self.queue()
         return await rq.get_run(self.env, run_id)
+
+    async def run_position(self, run_id: str) -> RunPosition | None:
+        """Where a run stands: a queued run's runs ahead in its flow, its tenant's rank,
+        the gates holding it and an estimated start; any other run its status (see
+        :meth:`fairq.store.RunQueue.run_position`). None when fairq knows nothing of it."""
+        if self.eager:
+            info = self._eager_runs.get(run_id)
+            return None if info is None else RunPosition.of_info(info, wall_clock_ms())
+        rq = await self.queue()
+        return await rq.run_position(self.env, run_id)
 
 
 __all__ = ["DEFAULT_ENV", "Fairq", "Schedule"]

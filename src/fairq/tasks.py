@@ -42,6 +42,7 @@ from fairq.run_context import RunContext, _current
 
 if TYPE_CHECKING:
     from fairq.app import Fairq
+    from fairq.store.position import RunPosition
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -186,6 +187,12 @@ class RunHandle(Generic[R]):
         """The run's current status (see :meth:`Fairq.get_run`)."""
         return await self.task.app.get_run(self.run_id)
 
+    async def position(self) -> RunPosition | None:
+        """Where the run stands (see :meth:`Fairq.run_position`): while queued, the runs
+        ahead of it in its flow, its tenant's rank, the gates holding it and an
+        estimated start; once running or finished, its status."""
+        return await self.task.app.run_position(self.run_id)
+
     async def wait(
         self,
         timeout: float | None = None,  # noqa: ASYNC109 - a deadline on the run, not one await
@@ -228,6 +235,10 @@ class RunHandle(Generic[R]):
     def info_sync(self) -> RunInfo | None:
         """Blocking :meth:`info`."""
         return self.task.app.sync.run(self.info())
+
+    def position_sync(self) -> RunPosition | None:
+        """Blocking :meth:`position`."""
+        return self.task.app.sync.run(self.position())
 
     def wait_sync(self, timeout: float | None = None) -> R:
         """Blocking :meth:`wait`."""

@@ -18,6 +18,34 @@ from fairq.commands._common import (
     warn_if_unknown,
 )
 from fairq.dashboard.views import recent_to_json, run_to_json
+from fairq.outcomes import RunStatus
+from fairq.store import RunPosition
+
+
+def position_rows(p: RunPosition) -> list[tuple[str, str]]:
+    """A queued run's place, as rows of `runs show`."""
+    rank = "-" if p.rank is None else f"{p.rank} of {p.ranked_among}"
+    basis = "tenants by virtual tag" if p.order == "fair" else "flows by head age"
+    rows = [
+        ("ahead in flow", f"{p.ahead_in_flow} of {p.flow_queued} queued in its flow"),
+        ("rank", f"{rank} ({basis})"),
+        ("held by", "; ".join(_gate_text(g.describe(), g.until_ms) for g in p.gates) or "-"),
+    ]
+    if p.estimate is None:
+        why = "paused" if any(g.name == "paused" for g in p.gates) else "no recent throughput"
+        rows.append(("estimated start", f"- ({why})"))
+    else:
+        e = p.estimate
+        rows.append((
+            "estimated start",
+            f"~{fmt_time(e.at_ms)} (estimate: {e.runs_before} runs before it at "
+            f"{e.throughput_per_s:.2f}/s over the last {e.window_ms // 1000} s)",
+        ))  # fmt: skip
+    return rows
+
+
+def _gate_text(text: str, until_ms: int | None) -> str:
+    return text if until_ms is None else f"{text} until {fmt_time(until_ms)}"
 
 
 @click.group(name="runs")
@@ -33,13 +61,17 @@ def command() -> None:
 @run_async
 async def show(env_name: str, run_id: str, as_json: bool, url: str | None) -> None:
     """A run's status, payload, attempts, timings, key, tenant and last error with its
-    traceback. Exits 1 when fairq knows nothing of the run."""
+    traceback; a queued run's place: runs ahead of it in its flow, its tenant's rank, the
+    gates holding it and an estimated start. Exits 1 when fairq knows nothing of the run."""
     env = parse_env(env_name)
     rq = await open_queue(url)
+    position: RunPosition | None = None
     try:
         info = await rq.get_run(env, run_id)
         if info is None:
             await warn_if_unknown(rq, env)
+        elif info.status is RunStatus.QUEUED:
+            position = await rq.run_position(env, run_id)
     finally:
         await rq.close()
     if info is None:
@@ -50,7 +82,7 @@ async def show(env_name: str, run_id: str, as_json: bool, url: str | None) -> No
             "result, or its outcome's retention passed)"
         )
     if as_json:
-        print_json(run_to_json(info))
+        print_json({**run_to_json(info), "position": position and position.to_json()})
         return
     out = console()
     rows = [
@@ -71,6 +103,8 @@ async def show(env_name: str, run_id: str, as_json: bool, url: str | None) -> No
         rows.append(("result", repr(info.result)))
     if info.error:
         rows.append(("error", info.error))
+    if position is not None and position.status is RunStatus.QUEUED:
+        rows += position_rows(position)
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")

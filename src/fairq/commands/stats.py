@@ -21,6 +21,7 @@ from fairq.commands._common import (
     warn_if_unknown,
 )
 from fairq.dashboard.views import Overview, QueueView, format_wait, load_overview
+from fairq.store import Backlog
 
 
 def _limit(value: int | None) -> str:
@@ -36,6 +37,14 @@ def _due(q: QueueView, now_ms: int) -> str:
     return f"{q.delayed} (due {due}, in {format_wait((q.next_due_ms - now_ms) / 1000)})"
 
 
+def _backlog(b: Backlog | None) -> tuple[str, str]:
+    """Servable | Held (by gate) cells."""
+    if b is None:
+        return "", ""
+    by = ", ".join(f"{gate} {n}" for gate, n in b.held.items() if n)
+    return str(b.servable), f"{b.held_total} ({by})" if by else "0"
+
+
 def _tag(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -47,6 +56,8 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
     table.add_column("Queue", overflow="fold")
     for name in ("Queued", "Running", "Limit", "Size limit"):  # queue limit: per key
         table.add_column(name, justify="right")
+    table.add_column("Servable", justify="right")
+    table.add_column("Held", overflow="fold")
     table.add_column("Delayed", overflow="fold")
     table.add_column("Order")
     table.add_column("Paused")
@@ -58,6 +69,7 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
             str(e.running),
             f"{e.concurrency_limit}" + (f" x{e.burst_factor:g}" if e.burst_factor != 1 else ""),
             _limit(e.queue_size_limit),
+            *_backlog(e.backlog),
             "",
             e.order,
             "",
@@ -70,6 +82,7 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
                 str(q.running),
                 _limit(q.concurrency_limit),
                 _limit(q.queue_size_limit),
+                *_backlog(q.backlog),
                 _due(q, data.now_ms),
                 q.order,
                 "[red]paused[/]" if q.paused else "",
@@ -81,7 +94,9 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
                     if q.order == "fair":
                         extra = f"tag {_tag(v.virtual_tag)} w {v.weight:g}"
                     cap = "" if v.cap is None else f"cap {v.cap}"
-                    table.add_row("", key, str(v.queued), str(v.running), cap, "", "", extra, "")
+                    table.add_row(
+                        "", key, str(v.queued), str(v.running), cap, "", "", "", "", extra, ""
+                    )
     if not data.environments:
         table.caption = "no environments yet: trigger a run first"
     return table
@@ -112,8 +127,9 @@ async def command(
     as_json_flag: bool,
     watch: float | None,
 ) -> None:
-    """Show every environment's queues: Queued | Running | limit | size limit | delayed
-    (with when the first is due) | order | paused.
+    """Show every environment's queues: Queued | Running | limit | size limit | servable
+    (ready runs more workers could start now) | held (ready runs a cap, rate or pause
+    holds, by gate) | delayed (with when the first is due) | order | paused.
 
     Counts include every concurrency key of a queue (keys busiest first with -k). The env
     row shows the env's own running count, concurrency limit (x burst factor) and default
@@ -125,17 +141,17 @@ async def command(
         if env is not None:
             await warn_if_unknown(rq, env)
         if as_json_flag:
-            data = await load_overview(rq, env=env, breakdown=True)
+            data = await load_overview(rq, env=env, breakdown=True, backlog=True)
             click.echo(json.dumps(as_json(data), indent=2))
             return
         out = console()
         if watch is None:
-            data = await load_overview(rq, env=env, breakdown=breakdown)
+            data = await load_overview(rq, env=env, breakdown=breakdown, backlog=True)
             out.print(render(data, breakdown=breakdown))
             return
         with Live(console=out, auto_refresh=False) as live:
             while True:
-                data = await load_overview(rq, env=env, breakdown=breakdown)
+                data = await load_overview(rq, env=env, breakdown=breakdown, backlog=True)
                 live.update(render(data, breakdown=breakdown), refresh=True)
                 await asyncio.sleep(watch)
     finally:

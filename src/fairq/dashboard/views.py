@@ -13,14 +13,16 @@ are rendered from it, and ``fairq stats --json`` prints it (with the keys of eac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from fairq.dashboard.served import served_chart
 from fairq.keys import Environment
 from fairq.models import DeadLetter, EnvStats, QueueStats, VariantStats
 from fairq.outcomes import RunInfo
-from fairq.store import RecentRun, RunQueue, wall_clock_ms
+from fairq.store import Backlog, RecentRun, RunQueue, wall_clock_ms
+from fairq.store.backlog import env_backlog
 from fairq.store.history import HISTORY_BUCKET_MS
 
 #: Variant rows returned for a queue page.
@@ -134,6 +136,9 @@ class QueueView:
     charge: str = "count"
     #: Capped keys / tenants may borrow idle slots.
     borrow: bool = False
+    #: Ready runs more workers could serve now vs held by gates, and delayed ones (read
+    #: only when asked for: ``backlog=True``).
+    backlog: Backlog | None = None
 
     @classmethod
     def of(cls, stats: QueueStats, now_ms: int) -> QueueView:
@@ -178,6 +183,8 @@ class QueueView:
             "charge": self.charge,
             "borrow": self.borrow,
         }
+        if self.backlog is not None:
+            row["backlog"] = self.backlog.to_json()
         if keys:
             row["keys"] = [v.to_json() for v in self.variants]
         return row
@@ -196,6 +203,8 @@ class EnvView:
     queues: tuple[QueueView, ...]
     #: The environment's default order for its queues.
     order: str = "age"
+    #: Its queues' backlogs together, its limit applied once (see QueueView.backlog).
+    backlog: Backlog | None = None
 
     @classmethod
     def of(cls, stats: EnvStats, queues: list[QueueStats], now_ms: int) -> EnvView:
@@ -224,6 +233,7 @@ class EnvView:
             "queue_size_limit": self.queue_size_limit,
             "dead_lettered": self.dead_lettered,
             "order": self.order,
+            **({} if self.backlog is None else {"backlog": self.backlog.to_json()}),
             "queues": [q.to_json(keys=keys) for q in self.queues],
         }
 
@@ -249,12 +259,14 @@ async def load_overview(
     *,
     env: Environment | None = None,
     breakdown: bool = False,
+    backlog: bool = False,
     now_ms: int | None = None,
 ) -> Overview:
     """Every environment (or only ``env``) with its limits, DLQ size and queues.
 
     Args:
         breakdown: also read every queue's concurrency-key variants.
+        backlog: also read every queue's backlog split (servable, held, delayed).
     """
     now = wall_clock_ms() if now_ms is None else now_ms
     envs = [env] if env is not None else await rq.environments()
@@ -262,8 +274,26 @@ async def load_overview(
     for e in envs:
         names = await rq.queues(e)
         stats = await rq.queues_stats(e, names, breakdown=breakdown) if names else []
-        views.append(EnvView.of(await rq.env_stats(e), stats, now))
+        view = EnvView.of(await rq.env_stats(e), stats, now)
+        if backlog:
+            view = await with_backlog(rq, e, view, now_ms)
+        views.append(view)
     return Overview(now_ms=now, fair_order=rq.fair, environments=tuple(views))
+
+
+async def with_backlog(
+    rq: RunQueue, env: Environment, view: EnvView, now_ms: int | None
+) -> EnvView:
+    """``view`` with its queues' backlogs and the environment's (reads only)."""
+    names = [q.queue for q in view.queues]
+    parts = await rq.queues_backlog(env, names, now_ms=now_ms) if names else []
+    free = math.floor(view.concurrency_limit * view.burst_factor) - view.running
+    at = parts[0].now_ms if parts else (wall_clock_ms() if now_ms is None else now_ms)
+    return replace(
+        view,
+        queues=tuple(replace(q, backlog=b) for q, b in zip(view.queues, parts, strict=True)),
+        backlog=env_backlog(parts, free, at),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -659,14 +659,15 @@ def _rank(snap: QueueSnapshot, own: Flow) -> tuple[int | None, int]:
 def runs_before(snap: QueueSnapshot, own: Flow, ahead: int) -> int:
     """Runs of the queue expected to start before a run ``ahead`` places into ``own``.
 
-    Age order: every queued run of the queue with a lower score. Fair order, a fluid
+    Age order: the runs ahead in its flow and every queued run of the queue's other flows
+    with a lower score (an equal score in another flow is not counted). Fair order, a fluid
     model of the start-time fair queueing: its tenant needs ``a + 1`` more turns, where
     ``a`` counts its runs ahead in its flow and, for a tenant with several keys, up to as
     many of each other key's (its keys take turns); each other ready tenant starts a run
     for every quantum / weight its tag is below the run's start tag, at most its backlog.
     """
-    if snap.order != "fair":
-        return sum(f.before_score for f in snap.flows)
+    if snap.order != "fair":  # its own flow by rank: runs of one score go by run id
+        return ahead + sum(f.before_score for f in snap.flows if f is not own)
     tenant_ahead = ahead + sum(
         min(f.ready, ahead) for f in snap.flows if f.tenant == own.tenant and f is not own
     )

@@ -1,0 +1,89 @@
+"""A run's place from its handle (``handle.position()``) and from ``fairq runs show``, and
+the autoscaling figures in ``fairq stats --json`` and ``/metrics``, end to end on the
+server's clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from fairq.app import Fairq
+from fairq.config import RunQueueConfig
+from fairq.dashboard.prometheus import metrics_text
+from fairq.keys import Environment
+from fairq.outcomes import RunStatus
+
+
+@pytest.fixture
+async def app(redis_url: str, prefix: str, env: Environment) -> AsyncIterator[Fairq]:
+    application = Fairq(env, url=redis_url, config=RunQueueConfig(prefix=prefix))
+    yield application
+    await application.aclose()
+
+
+@pytest.fixture
+def cli(redis_url: str, prefix: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        environ = {**os.environ, "FAIRQ_REDIS_URL": redis_url, "FAIRQ_PREFIX": prefix,
+                   "COLUMNS": "200"}  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "fairq", *args], env=environ,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr + done.stdout
+        return done
+
+    return run
+
+
+async def test_handle_and_cli_show_where_a_run_stands(
+    app: Fairq, env: Environment, cli: Callable[..., Any]
+) -> None:
+    @app.task(queue="jobs")
+    async def job(payload: int) -> int:
+        return payload
+
+    rq = await app.queue()
+    await rq.set_key_concurrency(env, "jobs", "k", 1)
+    handles = [await job.trigger(i, concurrency_key="k") for i in range(3)]
+    (first,) = await rq.dequeue(1, env=env, queues=["jobs"])
+    assert first.run_id == handles[0].run_id
+
+    running = await handles[0].position()
+    assert running is not None and running.status is RunStatus.RUNNING
+    last = await handles[2].position()
+    assert last is not None and last.status is RunStatus.QUEUED
+    assert (last.ahead_in_flow, last.flow_queued, last.rank) == (1, 2, 1)
+    assert [g.name for g in last.gates] == ["key_cap"]
+    assert last.estimate is not None and last.estimate.runs_before == 1
+
+    shown = json.loads(cli("runs", "show", env.id, handles[2].run_id, "--json").stdout)
+    position = shown["position"]
+    assert (position["ahead_in_flow"], position["rank"]) == (1, 1)
+    assert [g["gate"] for g in position["gates"]] == ["key_cap"]
+    assert position["estimated_start"]["estimate"] is True
+    text = cli("runs", "show", env.id, handles[2].run_id).stdout
+    assert "1 of 2 queued in its flow" in text and "key's concurrency cap (1/1" in text
+    assert "estimate:" in text
+
+    data = json.loads(cli("stats", "--env", env.id, "--json").stdout)
+    (queue,) = data[0]["queues"]
+    assert queue["backlog"] == {
+        "servable": 0, "held": 2, "held_by": {**dict.fromkeys(queue["backlog"]["held_by"], 0),
+                                              "key_cap": 2},
+        "delayed": 0, "running": 1,
+    }  # fmt: skip
+    table = cli("stats", "--env", env.id).stdout
+    assert "Servable" in table and "Held" in table
+
+    metrics = (await metrics_text(rq)).decode()
+    labels = f'env="{env.id}",queue="jobs"'
+    assert f"fairq_queue_backlog_servable{{{labels}}} 0.0" in metrics
+    held = f'fairq_queue_backlog_held{{env="{env.id}",gate="key_cap",queue="jobs"}} 2.0'
+    assert held in metrics
+    assert f"fairq_queue_backlog_delayed{{{labels}}} 0.0" in metrics
+    assert f'fairq_env_backlog_servable{{env="{env.id}"}} 0.0' in metrics
