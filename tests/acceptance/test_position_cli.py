@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.app import Fairq
 from fairq.config import RunQueueConfig
@@ -87,3 +91,44 @@ async def test_handle_and_cli_show_where_a_run_stands(
     assert held in metrics
     assert f"fairq_queue_backlog_delayed{{{labels}}} 0.0" in metrics
     assert f'fairq_env_backlog_servable{{env="{env.id}"}} 0.0' in metrics
+
+
+KEDA = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "keda.yaml"
+
+
+def keda_value(metrics: str, env_id: str) -> float:
+    """The KEDA example's query evaluated on a scrape (its form: sums of one metric of one
+    environment, added), for ``env_id`` instead of the example's environment."""
+    (trigger,) = yaml.safe_load(KEDA.read_text())["spec"]["triggers"]
+    query = " ".join(trigger["metadata"]["query"].split())
+    term = r'sum\((fairq_[a-z_]+)\{env="[^"]+"\}\)'
+    assert re.fullmatch(rf"{term}( \+ {term})*", query), query
+    samples = [s for family in text_string_to_metric_families(metrics) for s in family.samples]
+    return sum(
+        s.value
+        for name in re.findall(term, query)
+        for s in samples
+        if s.name == name and s.labels.get("env") == env_id
+    )
+
+
+async def test_the_keda_query_follows_what_more_workers_could_start(
+    app: Fairq, env: Environment
+) -> None:
+    """A key capped at 1 with its backlog, and 5 keyless runs: the query asks for the one
+    run in flight and the 5 servable ones; 20 more runs of the capped key change nothing;
+    a paused queue asks for the run in flight only."""
+    rq = await app.queue()
+    await rq.set_key_concurrency(env, "jobs", "k", 1)
+    for i in range(10):
+        await rq.enqueue(env, "jobs", f"k{i}", None, concurrency_key="k", available_at_ms=1 + i)
+    for i in range(5):
+        await rq.enqueue(env, "jobs", f"n{i}", None, available_at_ms=100 + i)
+    (started,) = await rq.dequeue(1, env=env, queues=["jobs"])
+    assert started.run_id == "k0"
+    assert keda_value((await metrics_text(rq)).decode(), env.id) == 1 + 5
+    for i in range(20):
+        await rq.enqueue(env, "jobs", f"more{i}", None, concurrency_key="k")
+    assert keda_value((await metrics_text(rq)).decode(), env.id) == 1 + 5
+    await rq.pause_queue(env, "jobs")
+    assert keda_value((await metrics_text(rq)).decode(), env.id) == 1

@@ -231,10 +231,19 @@ def test_the_keda_scaler_scales_the_worker_on_metrics_fairq_exposes() -> None:
     assert float(trigger["metadata"]["threshold"]) > 0
 
 
+def test_the_keda_scaler_counts_only_work_more_workers_could_start() -> None:
+    """Its query adds the servable backlog to the runs in flight: neither the held backlog
+    (caps, rates, pauses) nor all queued runs, which more replicas would not start."""
+    (trigger,) = manifests()[("ScaledObject", "fairq-worker")]["spec"]["triggers"]
+    used = set(re.findall(r"\bfairq_[a-z_]+", trigger["metadata"]["query"]))
+    assert used == {"fairq_env_backlog_servable", "fairq_queue_running"}, used
+
+
 def test_the_check_of_metric_names_can_fail() -> None:
     assert "fairq_queue_queued" in exposed_metric_names()
     assert "fairq_runs_started_total" in exposed_metric_names()
     assert "fairq_queue_depth" not in exposed_metric_names()
+    assert "fairq_env_backlog_servable" in exposed_metric_names()
 
 
 @pytest.mark.skip(reason="no Kubernetes cluster on this machine: kubectl apply is not run")
