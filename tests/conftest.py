@@ -136,6 +136,7 @@ SLOW_TESTS = frozenset(
         "tests/acceptance/test_cli_operating.py::test_limits_set_every_option_caps_and_weights",
         "tests/acceptance/test_cli_operating.py::test_runs_show_recent_and_dead_letters_with_tracebacks",
         "tests/acceptance/test_cli_operating.py::test_unknown_names_get_a_warning_with_a_suggestion",
+        "tests/acceptance/test_position_cli.py::test_handle_and_cli_show_where_a_run_stands",
         "tests/acceptance/test_dashboard.py::test_a_queue_named_like_a_path_opens_its_own_page_in_the_browser",
         "tests/acceptance/test_dashboard.py::test_cli_refuses_to_bind_beyond_loopback_without_a_token",
         "tests/acceptance/test_dashboard.py::test_cli_serves_with_a_token_and_stops_cleanly_on_ctrl_c",
