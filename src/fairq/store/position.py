@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from fairq import keys as K
+from fairq.config import MAX_LIMIT
 from fairq.keys import Environment, EnvKeys, KeySchema, QueueKeys
 from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus
 from fairq.store import run_hash
@@ -36,8 +37,6 @@ from fairq.store.readers import ReaderOps, _key_tag
 MAX_FLOWS: Final = 1000
 #: How far back the throughput behind an estimated start reaches (ms).
 THROUGHPUT_WINDOW_MS: Final = 60_000
-#: A cap at or above this is no cap (the scripts' UNLIMITED).
-UNLIMITED: Final = 1_000_000_000
 
 #: The gates a run can be held by, in the order they are reported.
 GATES: Final = (
@@ -240,7 +239,7 @@ class Flow:
     ready: int = 0
     #: Slots its runs hold (keyless flows: every keyless run of the queue's).
     slots: int = 0
-    key_cap: int = UNLIMITED
+    key_cap: int = MAX_LIMIT
     tenant_cap: int | None = None
     key_rate: Bucket | None = None
     tenant_rate: Bucket | None = None
@@ -472,7 +471,7 @@ class PositionOps(ReaderOps):
             quantum=float(_opt(c["quantum"]) or _opt(e["quantum"]) or self.config.vtime.quantum),
             env_limit_burst=math.floor(env_limit * burst),
             env_running=int(env_running),
-            limit=min(UNLIMITED if concurrency is None else concurrency, env_limit),
+            limit=min(MAX_LIMIT if concurrency is None else concurrency, env_limit),
             paused=_opt(c["paused"]) == "1",
             total=_int(c["total"]),
             queue_running=int(keyless_slots) + (_int(ck_running) or 0),
