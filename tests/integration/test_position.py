@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from tests.integration.limits_support import T0, Order, both_orders, enqueue_runs, queue_for
 
+from fairq import keys as K
 from fairq.keys import Environment
 from fairq.models import Delivery, EnqueueRequest
 from fairq.outcomes import RunStatus
@@ -240,3 +241,30 @@ async def _drain_for(rq: RunQueue, env: Environment, start: int, steps: int) -> 
         runs |= {d.run_id for d in got}
         await rq.ack(got, now_ms=start + i * 100)
     return runs
+
+
+async def test_a_spread_environment_reads_the_run_s_partition(
+    make_queue: Any, env: Environment
+) -> None:
+    """Over 3 partitions: each run's position is read where its tenant lives (ahead in
+    flow as enqueued), and the backlog adds the partitions up (a key capped at 1 holds 3
+    of its 4 runs); dequeueing until nothing starts takes exactly the servable runs."""
+    rq = await queue_for(make_queue, "fair", shard_count=8, max_per_key_per_call=100)
+    await rq.set_partitions(env, 3)
+    await rq.set_key_concurrency(env, Q, "k0", 1)
+    runs = {i: await enqueue_runs(rq, env, Q, f"t{i}-", 4, key=f"k{i}", tenant=f"T{i}")
+            for i in range(6)}  # fmt: skip
+    homes = {K.tenant_partition(K.encode_tenant(f"T{i}"), f"k{i}", 3) for i in runs}
+    assert len(homes) >= 2  # the runs really are spread
+    now = T0 + 100
+    for i, ids in runs.items():
+        for n, run in enumerate(ids):
+            p = await rq.run_position(env, run, now_ms=now)
+            assert p is not None and (p.tenant, p.ahead_in_flow, p.flow_queued) == (f"T{i}", n, 4)
+    b = await rq.queue_backlog(env, Q, now_ms=now)
+    assert (b.servable, b.held["key_cap"], b.held_total) == (21, 3, 3)
+    started = 0
+    for _ in range(10):
+        got = await rq.dequeue(100, env=env, queues=[Q], now_ms=now)
+        started += len(got)
+    assert started == b.servable
