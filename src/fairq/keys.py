@@ -92,6 +92,8 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   parkdue      ZSET  the same members -> when a time-gated one may return (ms)
   recent       LIST  the last finished runs (one line each), newest first, bounded
   ``h:<bucket>``  HASH  per-10-s history: runs served, waited, finished… (EXPIRE)
+  ``s:<bucket>``  HASH  per-10-s shares: backlog samples taken, each flow's summed
+                     entitled share, runs and run time received by lease start (EXPIRE)
 Per variant (``B:ck:F:<name>``; ``F`` a flow: ``K``, or a named tenant's ``N/K`` or ``N/``)
   queued       ZSET  the variant's runs: run id -> score (ms)
   inflight     SET   the variant's runs holding a slot
@@ -222,6 +224,7 @@ OUTCOME_PART: Final = "r"
 VARIANT_PART: Final = "ck"
 TENANT_PART: Final = "t"
 HISTORY_PART: Final = "h"
+SHARES_PART: Final = "s"
 
 
 def validate_name(kind: str, value: str, *, allow_slash: bool = False) -> str:
@@ -393,6 +396,9 @@ class QueueKeys:
 
     def history(self, bucket: int) -> str:
         return f"{self.base}:{HISTORY_PART}:{bucket}"
+
+    def shares(self, bucket: int) -> str:
+        return f"{self.base}:{SHARES_PART}:{bucket}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,6 +666,7 @@ def lua_schema(*, fair: bool = True) -> str:
             "end",
             *(tenant_builder if fair else []),
             f"local function history_key(B, bucket) return B .. ':{HISTORY_PART}:' .. bucket end",
+            f"local function shares_key(B, bucket) return B .. ':{SHARES_PART}:' .. bucket end",
             "local function run_key(tag, member)",
             f"  return tag .. ':{RUN_PART}:' .. member",
             "end",

@@ -298,3 +298,70 @@ class AuditEntry:
     action: str
     target: str
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyShare:
+    """What one key of a tenant received of a queue over a window, and was entitled to.
+
+    Units as :attr:`TenantShares.unit`: runs, or slot-seconds with ``charge="duration"``.
+    """
+
+    #: The concurrency key (None: the tenant's runs without a key).
+    key: str | None
+    received: float
+    entitled: float
+
+    @property
+    def ratio(self) -> float | None:
+        """received / entitled (None: never seen backlogged, so entitled to nothing)."""
+        return self.received / self.entitled if self.entitled > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantShare:
+    """What one tenant received of a queue over a window, and was entitled to while it was
+    backlogged (its weight over the summed weights of the tenants backlogged with it)."""
+
+    #: The tenant (None: the queue's keyless runs of no named tenant; a key of no named
+    #: tenant is its own tenant, named as the key).
+    tenant: str | None
+    received: float
+    entitled: float
+    #: Its mean entitled share while sampled (0..1; 0 = never seen backlogged).
+    share: float
+    #: Its keys, most received first.
+    keys: tuple[KeyShare, ...] = ()
+
+    @property
+    def ratio(self) -> float | None:
+        """received / entitled (None: never seen backlogged, so entitled to nothing)."""
+        return self.received / self.entitled if self.entitled > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantShares:
+    """Shares received vs entitled of one queue's tenants over the last ``window_s``."""
+
+    env: Environment
+    queue: str
+    window_s: int
+    #: The window's end (ms, the server's clock unless a logical clock was given).
+    now_ms: int
+    #: ``"runs"``, or ``"slot-seconds"`` when the queue charges by run time.
+    unit: str
+    #: Everything the queue's tenants received in the window.
+    received: float
+    #: Received in buckets with no backlog sample (none within a minute before): nobody
+    #: is entitled to it.
+    unsampled: float
+    #: Backlog samples taken in the window.
+    samples: int
+    #: Most received first.
+    tenants: tuple[TenantShare, ...] = ()
+    #: Received by flows a full bucket counted together (no tenant named).
+    other: float = 0.0
+
+    @property
+    def entitled(self) -> float:
+        return sum(t.entitled for t in self.tenants)

@@ -41,10 +41,20 @@ FAIR_SUFFIXES = {
 }
 
 
+#: Order-less scripts that name the weights: the admin script that sets them, and the
+#: backlog sample that reads them to say what each tenant is owed (it writes only the
+#: shares record, whatever the order).
+WEIGHT_SCRIPTS = frozenset({"configure", "sample_shares"})
+
+
 def flag_off_scripts() -> dict[str, Script]:
     """Every build a process with the fair order off runs: age builds and order-less
-    scripts (except the admin script that sets weights)."""
-    return {s.name: s for s in registry().all() if s.order != "fair" and s.operation != "configure"}
+    scripts (except the ones that name the weights)."""
+    return {
+        s.name: s
+        for s in registry().all()
+        if s.order != "fair" and s.operation not in WEIGHT_SCRIPTS
+    }
 
 
 def lua_code(source: str) -> str:

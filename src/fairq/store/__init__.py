@@ -7,7 +7,8 @@ touches the Redis client.
 
 Layout: :mod:`._core` (client, script calls, error translation), :mod:`.enqueue`,
 :mod:`.dequeue` (+ :mod:`.selection`), :mod:`.finish`, :mod:`.maintenance`,
-:mod:`.admin` (limits, options, caps, rates, weights), :mod:`.readers`; the scripts
+:mod:`.admin` (limits, options, caps, rates, weights), :mod:`.readers`, :mod:`.shares`
+(shares received vs entitled); the scripts
 (:mod:`.scripts`, ``lua/``), their context (:mod:`.context`), reply codes
 (:mod:`.status`), stored options (:mod:`.options`) and input checks (:mod:`.validate`).
 
@@ -34,6 +35,7 @@ from fairq.store.position import RunPosition
 from fairq.store.readers import HistoryBucket, ReaderOps, RecentRun
 from fairq.store.runs import RunOps
 from fairq.store.selection import SelectionStrategy
+from fairq.store.shares import SharesOps
 from fairq.store.validate import payload as encode_payload
 
 
@@ -47,6 +49,7 @@ class RunQueue(
     AdminOps,
     BacklogOps,
     ReaderOps,
+    SharesOps,
 ):
     """Enqueue, dequeue, finish and inspect runs; set limits and options.
 

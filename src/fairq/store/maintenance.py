@@ -1,4 +1,5 @@
-"""Maintenance: requeue runs whose lease lapsed, expire runs whose TTL passed.
+"""Maintenance: requeue runs whose lease lapsed, expire runs whose TTL passed, and sample
+who is backlogged for the shares record (:mod:`fairq.store.shares`).
 
 Both run as scripts on the server's clock, shard by shard. :meth:`MaintenanceOps.maintain`
 is what consumers call on a timer: a short ``SET NX PX`` lock makes one process per
@@ -24,6 +25,15 @@ class MaintenanceOps(StoreCore):
 
         async def rebalance_spread(self, *, now_ms: int | None = None) -> None: ...
 
+        async def sample_shares(
+            self,
+            *,
+            now_ms: int | None = None,
+            shards: Iterable[int] | None = None,
+            queues: int = ...,
+            flows: int = ...,
+        ) -> int: ...
+
     def _shard_keys(self, shards: Iterable[int] | None) -> list[ShardKeys]:
         if shards is None:
             return self.keys.shards()
@@ -32,6 +42,11 @@ class MaintenanceOps(StoreCore):
     async def maintenance_due(self, *, now_ms: int | None = None) -> tuple[list[int], list[int]]:
         """Shards with a lapsed lease, and shards with a passed TTL (one round trip),
         judged on the server's clock (or ``now_ms``)."""
+        leases, ttls, _ = await self._due(now_ms)
+        return leases, ttls
+
+    async def _due(self, now_ms: int | None) -> tuple[list[int], list[int], list[int]]:
+        """:meth:`maintenance_due`, and the shards with ready work (to sample)."""
         if now_ms is not None:
             validate.time_ms("now_ms", now_ms)
         shards = self.keys.shards()
@@ -40,16 +55,20 @@ class MaintenanceOps(StoreCore):
             for s in shards:
                 pipe.zrange(s.leases, 0, 0, withscores=True)
                 pipe.zrange(s.ttl, 0, 0, withscores=True)
+                pipe.zrange(s.heads, 0, 0, withscores=True)
 
         if now_ms is None:
             now, raw = await self.timed_pipeline(build)
         else:
             now, raw = now_ms, await self.pipeline(build)
-        leases = [s.shard for i, s in enumerate(shards) if raw[2 * i] and raw[2 * i][0][1] <= now]
-        ttls = [
-            s.shard for i, s in enumerate(shards) if raw[2 * i + 1] and raw[2 * i + 1][0][1] <= now
-        ]
-        return leases, ttls
+
+        def due(column: int) -> list[int]:
+            return [
+                s.shard for i, s in enumerate(shards)
+                if raw[3 * i + column] and raw[3 * i + column][0][1] <= now
+            ]  # fmt: skip
+
+        return due(0), due(1), due(2)
 
     async def reclaim_lapsed_leases(
         self, *, now_ms: int | None = None, batch: int = 100, shards: Iterable[int] | None = None
@@ -79,12 +98,14 @@ class MaintenanceOps(StoreCore):
         return total
 
     async def maintain(self, *, interval_s: float = 1.0, force: bool = False) -> bool:
-        """Reclaim lapsed leases and expire TTLs, at most once per interval across every
-        process sharing the prefix. Returns whether this call did the work."""
+        """Reclaim lapsed leases, expire TTLs and sample the backlog (the shares record),
+        at most once per interval across every process sharing the prefix. Returns whether
+        this call did the work."""
         validate.number("interval_s", interval_s, 0.001, 86_400)
         if force:
             await self.reclaim_lapsed_leases()
             await self.expire_ttl()
+            await self.sample_shares()
             await self.rebalance_spread()
             return True
         # The lock only stops processes sharing a prefix from duplicating work; capped so
@@ -92,11 +113,13 @@ class MaintenanceOps(StoreCore):
         ms = max(1, int(min(interval_s, MAX_MAINTENANCE_LOCK_S) * 1000))
         if not await self.read(self.client.set(self.keys.maintenance_lock, b"1", nx=True, px=ms)):
             return False
-        leases, ttls = await self.maintenance_due()
+        leases, ttls, ready = await self._due(None)
         if leases:
             await self.reclaim_lapsed_leases(shards=leases)
         if ttls:
             await self.expire_ttl(shards=ttls)
+        if ready:  # who is backlogged now (fairq.store.shares)
+            await self.sample_shares(shards=ready)
         # idle quota of spread environments back where work waits (store/quotas.py)
         await self.rebalance_spread()
         return True

@@ -8,7 +8,9 @@ module that owns it, and the loader generates the scripts' copy from this list
   and the modules it names);
 * ``AUDIT.<name>``: the audit list's bounds (:mod:`fairq.store.validate`);
 * ``HISTORY.<name>``: how the scripts write a queue's history (:mod:`fairq.store.history`),
-  and ``HISTORY.recent_line``, the one writer of a recent-list line.
+  and ``HISTORY.recent_line``, the one writer of a recent-list line;
+* ``SHARES.<name>``: how the scripts write a queue's shares record
+  (:mod:`fairq.store.share_record`).
 
 (The key schema, the reply codes, the option rules, the context and the run hash have
 their own modules and generators.)
@@ -21,7 +23,7 @@ from typing import Final
 from fairq.config import MAX_ATTEMPTS, MAX_DEQUEUE_COUNT, MAX_LIMIT
 from fairq.keys import MAX_NAME_LENGTH, MAX_PARTITIONS
 from fairq.outcomes import FINISH_STATUSES
-from fairq.store import history, validate
+from fairq.store import history, share_record, validate
 from fairq.store.run_hash import OUTCOME_POLICIES
 
 Value = int | str | tuple[str, ...]
@@ -49,6 +51,8 @@ ARG_RULES: Final[dict[str, Value]] = {
     "partition": MAX_PARTITIONS - 1,
     "quota_hold_ms": validate.MAX_QUOTA_HOLD_MS,
     "outcome_policies": OUTCOME_POLICIES,
+    "sample_queues": share_record.MAX_SAMPLE_QUEUES,
+    "sample_flows": share_record.MAX_SAMPLE_FLOWS,
 }
 #: ``AUDIT.<name>``: an environment's audit list as audit.lua writes it.
 AUDIT: Final[dict[str, Value]] = {
@@ -64,6 +68,19 @@ HISTORY: Final[dict[str, Value]] = {
     "max_fields": history.HISTORY_MAX_FIELDS,
     "tenant_prefix": history.HISTORY_TENANT_PREFIX,
     "overflow_field": history.HISTORY_OVERFLOW_FIELD,
+}
+
+#: ``SHARES.<name>``: a queue's shares buckets as the scripts write them.
+SHARES: Final[dict[str, Value]] = {
+    "bucket_ms": share_record.SHARES_BUCKET_MS,
+    "window_buckets": share_record.SHARES_WINDOW_MS // share_record.SHARES_BUCKET_MS,
+    "ttl_s": share_record.SHARES_TTL_S,
+    "max_fields": share_record.SHARES_MAX_FIELDS,
+    "samples_field": share_record.SAMPLES_FIELD,
+    "share_prefix": share_record.SHARE_PREFIX,
+    "runs_prefix": share_record.RUNS_PREFIX,
+    "run_ms_prefix": share_record.RUN_MS_PREFIX,
+    "overflow_flow": share_record.OVERFLOW_FLOW,
 }
 
 
@@ -103,6 +120,7 @@ def lua_shared() -> str:
             _lua_table("ARG_RULES", ARG_RULES),
             _lua_table("AUDIT", AUDIT),
             _lua_table("HISTORY", HISTORY),
+            _lua_table("SHARES", SHARES),
             _lua_recent_line(),
         ]
     )

@@ -96,6 +96,7 @@ REPLIES: Final[dict[str, frozenset[Status]]] = {
     "audit": frozenset({Status.OK}),
     "quota_ledger": frozenset({Status.OK}),
     "quota_partition": frozenset({Status.OK}),
+    "sample_shares": frozenset({Status.OK}),
 }
 
 

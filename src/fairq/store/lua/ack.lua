@@ -1,5 +1,5 @@
 --[[ ack.lua: finish leased runs of one shard: record their outcomes, free their slots,
-forget them; in one atomic step (an outcome is never written for a run whose ack was
+forget them, and note what each run's flow received (the shares record); in one atomic step (an outcome is never written for a run whose ack was
 refused).
 
 A run is acked only while it is running under the caller's lease token; otherwise its
@@ -21,6 +21,7 @@ Reply
 ]]
 --@include prelude
 --@include runs
+--@include shares
 --@include order
 
 local FIELDS = 4
@@ -38,7 +39,7 @@ for i = FIRST_ARG, FIRST_ARG + (count - 1) * FIELDS, FIELDS do
 end
 
 local X = state_new(C, tag)
-local statuses, gone, acked = {}, {}, {}
+local statuses, gone, acked, received = {}, {}, {}, {}
 for n = 1, count do
   local i = FIRST_ARG + (n - 1) * FIELDS
   local member, status = ARGV[i], ARGV[i + 3]
@@ -69,6 +70,7 @@ for n = 1, count do
     if started then
       history_add(X, Q, 'run_ms', X.now - started)
       HOOK.charge(X, Q, flow, ta, X.now - started)
+      shares_received(received, Q.B, flow, started, X.now)
     end
     acked[member] = true
     statuses[#statuses + 1] = S.ACKED
@@ -78,4 +80,5 @@ end
 for _, key in ipairs(gone) do X.deletes[#X.deletes + 1] = key end
 HOOK.finish(X)
 state_flush(X)
+shares_flush(received)
 return statuses

@@ -1,5 +1,6 @@
 --[[ nack.lua: give a leased run back: requeue it for a retry, or dead-letter it once its
-attempt count reaches max_attempts (only when the attempt counts). Frees its slots.
+attempt count reaches max_attempts (only when the attempt counts). Frees its slots, and notes what the attempt received (the shares
+record).
 A run whose cancellation was asked while it ran gets no further attempt: it ends
 cancelled (outcome 'cancelled', the attempt's error kept with it).
 Every argument is checked before anything is written.
@@ -24,6 +25,7 @@ Reply
 ]]
 --@include prelude
 --@include runs
+--@include shares
 --@include cancel_wins
 --@include order
 
@@ -58,6 +60,8 @@ free_slots(X, Q, flow, run, ta)
 X.lease_del[#X.lease_del + 1] = member
 local started = tonumber(lease_start)
 if started then HOOK.charge(X, Q, flow, ta, X.now - started) end
+local received = {}
+shares_received(received, Q.B, flow, started, X.now)
 local status
 if cancel_requested then
   end_cancelled(X, Q, member, run, {ck = ck, tenant = tenant, slot_tenant = ta,
@@ -88,4 +92,5 @@ else
 end
 HOOK.finish(X)
 state_flush(X)
+shares_flush(received)
 return {status, attempt}

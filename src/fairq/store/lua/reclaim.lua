@@ -1,6 +1,7 @@
 --[[ reclaim.lua: requeue runs whose lease lapsed without a heartbeat (a lost consumer),
 on the script's clock. Each goes back to its queue at its old score with its slots
-freed; the attempt count is unchanged (at-least-once delivery). A run whose
+freed (the time it held them is noted in the shares record as received); the attempt
+count is unchanged (at-least-once delivery). A run whose
 cancellation was asked while it ran is not requeued: it ends cancelled. Maintenance:
 run on a timer, under the maintenance lock.
 
@@ -14,6 +15,7 @@ Reply
 ]]
 --@include prelude
 --@include runs
+--@include shares
 --@include cancel_wins
 --@include order
 
@@ -22,6 +24,7 @@ local batch = arg_int(ARGV[FIRST_ARG], 'batch', 1, ARG_RULES.maintenance_batch)
 local X = state_new(C, tag)
 local lapsed = redis.call('ZRANGEBYSCORE', X.leases, '-inf', X.now, 'LIMIT', 0, batch)
 local reply = {S.OK, 0}
+local received = {}
 for _, member in ipairs(lapsed) do
   X.lease_del[#X.lease_del + 1] = member
   local mkey = run_key(tag, member)
@@ -35,6 +38,7 @@ for _, member in ipairs(lapsed) do
     -- the lapsed lease is charged the time it held its slot, like a finished run
     local started = tonumber(lease_start)
     if started then HOOK.charge(X, Q, flow, slot_tenant or '', X.now - started) end
+    shares_received(received, Q.B, flow, started, X.now)
     if cancel_requested then
       end_cancelled(X, Q, member, run, {ck = ck, tenant = tenant,
         slot_tenant = slot_tenant or '', attempts = tonumber(attempts) or 0,
@@ -50,4 +54,5 @@ end
 if reply[2] > 0 then X.wake = true end
 HOOK.finish(X)
 state_flush(X)
+shares_flush(received)
 return reply
