@@ -203,6 +203,7 @@ async def exercise_every_operation(rq: RunQueue) -> set[str]:
     retried = delivered[1]
     assert await rq.nack(retried, retry_at_ms=NOW + 500, now_ms=NOW + 400) is NackOutcome.REQUEUED
 
+    assert await rq.sample_shares(now_ms=NOW + 500) >= 1  # the retried run waits
     lost = delivered[2]  # its consumer vanishes: the lease lapses and the run comes back
     done = delivered[3:]
     statuses = await rq.ack(done, now_ms=NOW + 600)

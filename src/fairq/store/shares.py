@@ -19,7 +19,7 @@ bucket with neither is ``unsampled`` (nobody is entitled to it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -42,6 +42,7 @@ from fairq.store.share_record import (
     SHARES_BUCKET_MS,
     SHARES_HOLD_BUCKETS,
     SHARES_WINDOW_MS,
+    SHARES_WINDOWS_S,
 )
 
 #: The unit of what a queue's tenants receive, by its charge setting.
@@ -228,17 +229,33 @@ class SharesOps(StoreCore):
         Raises:
             InvalidLimitError: a window out of range or not a multiple of 10 s.
         """
-        window_ms = validate.integer("window", window, 10, SHARES_WINDOW_MS // 1000) * 1000
-        if window_ms % SHARES_BUCKET_MS:
-            raise InvalidLimitError("window", window, "must be a multiple of 10 (seconds)")
+        (shares,) = await self.tenant_shares_windows(env, queue, windows=(window,), now_ms=now_ms)
+        return shares
+
+    async def tenant_shares_windows(
+        self,
+        env: Environment,
+        queue: str,
+        *,
+        windows: Sequence[int] = SHARES_WINDOWS_S,
+        now_ms: int | None = None,
+    ) -> list[TenantShares]:
+        """:meth:`tenant_shares` for several windows ending at the same moment, from one
+        read (one round trip per partition, at once)."""
+        for window in windows:
+            validate.integer("window", window, 10, SHARES_WINDOW_MS // 1000)
+            if window * 1000 % SHARES_BUCKET_MS:
+                raise InvalidLimitError("window", window, "must be a multiple of 10 (seconds)")
+        if not windows:
+            raise InvalidLimitError("windows", windows, "name at least one window")
         K.validate_name("queue", queue, allow_slash=True)
         if now_ms is None:
             now_ms = await self.server_time_ms()
         else:
             validate.time_ms("now_ms", now_ms)
         last = now_ms // SHARES_BUCKET_MS
-        first = last - window_ms // SHARES_BUCKET_MS + 1
-        buckets = range(first - SHARES_HOLD_BUCKETS, last + 1)
+        span = max(windows) * 1000 // SHARES_BUCKET_MS + SHARES_HOLD_BUCKETS
+        buckets = range(last - span + 1, last + 1)
         config = self.keys.env(env).config
         charge_fields = [K.config_field(queue, "charge"), "charge"]
 
@@ -251,14 +268,29 @@ class SharesOps(StoreCore):
         width = len(buckets) + 1
         charge_raw = next((text_of(c) for c in rows[0] if c is not None), None)
         charge = charge_raw or self.config.vtime.charge
-        totals = FlowTotals()
-        for p in range(len(rows) // width):
-            part = [parse_bucket(raw) for raw in rows[p * width + 1 : (p + 1) * width]]
-            totals.add(flow_totals(part, SHARES_HOLD_BUCKETS, duration=charge == "duration"))
-        tenants, other = tenant_rows(totals)
-        return TenantShares(
-            env=env, queue=queue, window_s=window, now_ms=now_ms,
-            unit=UNITS.get(charge, "runs"), received=sum(totals.received.values()),
-            unsampled=totals.unsampled, samples=totals.samples, tenants=tuple(tenants),
-            other=other,
-        )  # fmt: skip
+        parts = [
+            [parse_bucket(raw) for raw in rows[p * width + 1 : (p + 1) * width]]
+            for p in range(len(rows) // width)
+        ]
+        out = []
+        for window in windows:
+            lead = span - window * 1000 // SHARES_BUCKET_MS  # buckets before the window
+            totals = FlowTotals()
+            for part in parts:
+                totals.add(flow_totals(part, lead, duration=charge == "duration"))
+            tenants, other = tenant_rows(totals)
+            out.append(
+                TenantShares(
+                    env=env,
+                    queue=queue,
+                    window_s=window,
+                    now_ms=now_ms,
+                    unit=UNITS.get(charge, "runs"),
+                    received=sum(totals.received.values()),
+                    unsampled=totals.unsampled,
+                    samples=totals.samples,
+                    tenants=tuple(tenants),
+                    other=other,
+                )
+            )
+        return out

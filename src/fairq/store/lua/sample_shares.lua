@@ -73,11 +73,18 @@ local function weights_of(V, B, tenants, flows)
   return tenant_w, kw
 end
 
+-- The tenant a flow's runs belong to (the rule of include/runs.lua's default_tenant):
+-- its named tenant, else its key, or for the keyless runs the queue ('/<queue>').
+local function tenant_of(queue, flow)
+  if flow == KEYLESS_FLOW then return '/' .. queue end
+  return flow_tenant(flow) or flow
+end
+
 -- Each backlogged flow's share at this sample: field -> share (and one sample).
 local function sample_queue(q, B, flows)
   local tenants, flows_of = {}, {}
   for _, flow in ipairs(flows) do
-    local t = default_tenant(q.name, flow)
+    local t = tenant_of(q.name, flow)
     if flows_of[t] == nil then
       flows_of[t] = {}
       tenants[#tenants + 1] = t

@@ -1,7 +1,6 @@
 -- shares.lua: a queue's shares record (fairq/store/share_record.py): per 10-s bucket, the
 -- backlog samples (sample_shares.lua) and what each flow received, counted when a run
 -- finishes (ack, nack, reclaim) in the bucket of its lease start.
---@require runs
 
 -- Add `adds` (field -> number) to one shares bucket. Fields already there add up; once
 -- the bucket holds SHARES.max_fields fields, a new flow's fields go to the overflow
