@@ -331,7 +331,7 @@ class TenantShare:
     #: Its mean entitled share while sampled (0..1; 0 = never seen backlogged).
     share: float
     #: Its keys, most received first.
-    keys: tuple[KeyShare, ...] = ()
+    by_key: tuple[KeyShare, ...] = ()
 
     @property
     def ratio(self) -> float | None:

@@ -31,9 +31,10 @@ from fairq.config import RunQueueConfig
 from fairq.consumer import Consumer
 from fairq.dashboard.app import create_app, create_server
 from fairq.dashboard.security import TOKEN_COOKIE
+from fairq.dashboard.shares import format_amount, format_ratio
 from fairq.dashboard.views import load_queue_detail
 from fairq.keys import Environment
-from fairq.models import Delivery, NackOutcome
+from fairq.models import Delivery, NackOutcome, TenantShares
 from fairq.server import EmbeddedServer, connect, free_port
 from fairq.store import RunQueue, wall_clock_ms
 
@@ -681,6 +682,7 @@ async def realistic_workload(rq: RunQueue, env: Environment, now: int) -> None:
         running = [(finish, d) for finish, d in running if finish > t]
         if done:
             await rq.ack(done, now_ms=t)
+        await rq.sample_shares(now_ms=t)  # as maintenance does, about once a second
         got = await rq.dequeue_from_queue(env, queue, keyed=True, max_count=8, now_ms=t)
         running += [(t + 6_000 + 500 * (i % 5), d) for i, d in enumerate(got)]
     for i in range(120):
@@ -705,6 +707,38 @@ async def realistic_workload(rq: RunQueue, env: Environment, now: int) -> None:
     await rq.dequeue_from_queue(staging, "video/encode", keyed=True, max_count=3, now_ms=now)
 
 
+async def expect_shares_panel(page: Any, rq: RunQueue, env: Environment, queue: str) -> None:
+    """The received-vs-entitled panel shows the store's 5-minute numbers, one row and one
+    bar pair per tenant, most received first. The window slides with the server's clock
+    (a 10-s bucket may leave it between the page's read and the store's): the page
+    refreshes every 1.5 s, so a second read of the store meets the page again."""
+    for attempt in range(3):
+        try:
+            await _expect_shares(page, await rq.tenant_shares(env, queue))
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
+
+
+async def _expect_shares(page: Any, five: TenantShares) -> None:
+    from playwright.async_api import expect
+
+    rows = page.locator("#shares tbody tr[data-tenant]")
+    await expect(rows).to_have_count(len(five.tenants))
+    labels = await rows.evaluate_all("rows => rows.map(r => r.dataset.tenant)")
+    assert labels == [t.tenant for t in five.tenants]
+    first = five.tenants[0]
+    cells = rows.first.locator("td")
+    await expect(cells.nth(1)).to_have_text(format_amount(first.received))
+    await expect(cells.nth(2)).to_have_text(format_amount(first.entitled))
+    await expect(cells.nth(4)).to_have_text(format_ratio(first.ratio))
+    chart = page.locator("#chart-shares")
+    await expect(chart).to_have_attribute("data-rows", str(len(five.tenants)))
+    await expect(chart.locator("rect.key0")).to_have_count(len(five.tenants))
+    await expect(chart.locator("rect.key1")).to_have_count(len(five.tenants))
+
+
 def png_size(path: Path) -> tuple[int, int]:
     """Width and height of a PNG file (from its IHDR chunk)."""
     data = path.read_bytes()
@@ -716,7 +750,8 @@ async def test_render_the_readme_screenshot(
     chromium: Path, make_queue: MakeQueue, redis_url: str, tmp_path: Path
 ) -> None:
     """The README's screenshot shows the workload: the queue's counts as the store reads
-    them, every tenant's variant (hooli at weight 2) and the served share of each tenant.
+    them, every tenant's variant (hooli at weight 2), the served share of each tenant and
+    what each received vs was entitled to (the store's numbers, and a bar pair each).
     Written to FAIRQ_DASHBOARD_SCREENSHOT when set (docs/dashboard.png), else to a
     scratch file."""
     from playwright.async_api import async_playwright, expect
@@ -754,6 +789,7 @@ async def test_render_the_readme_screenshot(
                 legend = page.locator("#legend .lk")
                 await expect(legend).to_have_count(len(tenants))
                 assert sorted(await legend.all_inner_texts()) == sorted(tenants)
+                await expect_shares_panel(page, rq, env, "video/encode")
                 await page.screenshot(path=str(target), full_page=True)
             finally:
                 await browser.close()

@@ -245,11 +245,11 @@ async def test_keys_inside_a_tenant_share_by_key_weight(make_queue: Any, env: En
     got = await rq.tenant_shares(env, Q, window=10, now_ms=now + 500)
     rows = by_tenant(got)
     assert rows["t"].share == pytest.approx(0.5) and rows["u"].share == pytest.approx(0.5)
-    keys = {k.key: k for k in rows["t"].keys}
+    keys = {k.key: k for k in rows["t"].by_key}
     assert keys["k3"].entitled == pytest.approx(4 * 0.5 * 3 / 4)
     assert keys["k1"].entitled == pytest.approx(4 * 0.5 * 1 / 4)
-    assert [k.key for k in rows["u"].keys] == [None]
-    assert sum(k.received for r in rows.values() for k in r.keys) == 4
+    assert [k.key for k in rows["u"].by_key] == [None]
+    assert sum(k.received for r in rows.values() for k in r.by_key) == 4
 
 
 async def test_a_bucket_without_a_sample_holds_the_last_one(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.datastructures import Headers
@@ -182,3 +183,60 @@ def test_the_dashboard_reads_the_store_through_public_methods_only(path: Path) -
             if node.module == "fairq.keys" and names != {"Environment"}:
                 touched.append(f"line {node.lineno}: from fairq.keys import {names}")
     assert touched == [], path
+
+
+# ---------------------------------------------------------------------- received vs entitled
+
+
+def _shares(window: int, rows: dict[str | None, tuple[float, float]], other: float = 0.0) -> Any:
+    from fairq.models import KeyShare, TenantShare, TenantShares
+
+    tenants = tuple(
+        TenantShare(t, r, e, 0.5, (KeyShare(t, r, e),))
+        for t, (r, e) in sorted(rows.items(), key=lambda kv: -kv[1][0])
+    )
+    return TenantShares(Environment("o", "p", "e"), "q", window, 0, "runs", sum(r for r, _ in
+                        rows.values()) + other, 0.0, 6, tenants, other)  # fmt: skip
+
+
+def test_the_shares_panel_ranks_by_five_minutes_and_sums_the_rest() -> None:
+    from fairq.dashboard.shares import shares_panel
+
+    five = {f"t{i}": (float(10 + i), 10.0) for i in range(5)}
+    one = {"t0": (4.0, 2.0)}
+    panel = shares_panel([_shares(60, one), _shares(300, five), _shares(900, five, other=3)], top=2)
+    assert [r["label"] for r in panel["rows"]] == ["t4", "t3"]
+    assert panel["rows"][0]["received"] == [0.0, 14.0, 14.0]
+    assert panel["rows"][0]["ratio"] == [None, 1.4, 1.4]
+    other = panel["other"]
+    assert other["count"] == 3  # t0, t1, t2
+    assert other["received"] == [4.0, 10 + 11 + 12, 10 + 11 + 12 + 3]
+    assert other["ratio"][0] == 2.0
+    assert panel["windows"] == [60, 300, 900] and panel["unit"] == "runs"
+
+
+def test_the_share_gauges_have_bounded_labels() -> None:
+    from fairq.dashboard.prometheus import OTHER_TENANTS, SnapshotCollector
+    from fairq.dashboard.views import Overview
+
+    many = {f"t{i:02d}": (float(100 - i), 50.0) for i in range(25)}
+    many[None] = (0.5, 0.0)  # never backlogged: no ratio series
+    collector = SnapshotCollector(
+        Overview(now_ms=0, fair_order=True, environments=()), [_shares(300, many)]
+    )
+    families = {m.name: m for m in collector.collect()}
+    received = families["fairq_tenant_received"].samples
+    assert len(received) == 11
+    labels = [s.labels["tenant"] for s in received]
+    assert labels[:3] == ["t00", "t01", "t02"] and labels[-1] == OTHER_TENANTS
+    other = received[-1].value
+    assert other == sum(100 - i for i in range(10, 25)) + 0.5
+    ratios = {s.labels["tenant"]: s.value for s in families["fairq_tenant_share_ratio"].samples}
+    assert ratios["t00"] == 2.0 and len(ratios) == 11
+
+
+def test_amounts_and_ratios_read_plainly() -> None:
+    from fairq.dashboard.shares import format_amount, format_ratio
+
+    assert [format_amount(3.0), format_amount(2.25)] == ["3", "2.2"]
+    assert [format_ratio(None), format_ratio(1.0), format_ratio(0.456)] == ["—", "1.00", "0.46"]

@@ -20,8 +20,10 @@ from fairq.commands._common import (
     url_option,
     warn_if_unknown,
 )
+from fairq.dashboard.shares import format_amount, format_ratio, load_shares
 from fairq.dashboard.views import Overview, QueueView, format_wait, load_overview
-from fairq.store import Backlog
+from fairq.keys import Environment
+from fairq.store import Backlog, RunQueue
 
 
 def _limit(value: int | None) -> str:
@@ -102,6 +104,56 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
     return table
 
 
+def render_shares(env: str, queue: str, panel: dict[str, Any], *, keys: bool = False) -> Table:
+    """One queue's shares received vs entitled (the dashboard panel's numbers)."""
+    unit = panel["unit"]
+    table = Table(title=f"{env} {queue}: received vs entitled ({unit})", title_justify="left")
+    table.add_column("Tenant", overflow="fold")
+    table.add_column("Received 5m", justify="right")
+    table.add_column("Entitled 5m", justify="right")
+    for window in panel["windows"]:
+        table.add_column(f"Ratio {window // 60}m", justify="right")
+    for r in panel["rows"]:
+        ratios = [format_ratio(x) for x in r["ratio"]]
+        table.add_row(escape(r["label"]), format_amount(r["received"][1]),
+                      format_amount(r["entitled"][1]), *ratios)  # fmt: skip
+        for k in r["keys"] if keys else ():
+            label = f"  [dim]key[/] {escape(k['key'] or '(none)')}"
+            table.add_row(label, format_amount(k["received"][1]), format_amount(k["entitled"][1]),
+                          *[format_ratio(x) for x in k["ratio"]])  # fmt: skip
+    other = panel["other"]
+    if other:
+        table.add_row(
+            f"[dim]other ({other['count']} tenants)[/]",
+            format_amount(other["received"][1]),
+            format_amount(other["entitled"][1]),
+            *[format_ratio(x) for x in other["ratio"]],
+        )
+    samples, unsampled = panel["samples"][1], panel["unsampled"][1]
+    table.caption = f"samples in 5 min: {samples}" + (
+        f"; received with no sample: {format_amount(unsampled)}" if unsampled else ""
+    )
+    if not panel["rows"]:
+        table.caption += "; nothing received in the last 15 minutes"
+    return table
+
+
+async def show_tenants(
+    rq: RunQueue, env: Environment, queue: str | None, *, keys: bool, as_json_flag: bool
+) -> None:
+    """``--tenants``: every queue of the environment (or ``queue``), received vs entitled."""
+    queues = [queue] if queue else await rq.queues(env)
+    panels = {name: await load_shares(rq, env, name) for name in queues}
+    if as_json_flag:
+        click.echo(json.dumps({"env": env.id, "queues": panels}, indent=2))
+        return
+    out = console()
+    for name, panel in panels.items():
+        out.print(render_shares(env.id, name, panel, keys=keys))
+    if not panels:
+        out.print(f"no queues in {env.id} yet")
+
+
 def as_json(data: Overview) -> list[dict[str, Any]]:
     """Every environment with its queues and each queue's keys (``"keys"``)."""
     return [e.to_json(keys=True) for e in data.environments]
@@ -112,6 +164,12 @@ def as_json(data: Overview) -> list[dict[str, Any]]:
 @click.option("--env", "env_name", default=None, help="Only this environment (org:project:env).")
 @click.option("-k", "--keys", "breakdown", is_flag=True, help="Also list concurrency keys.")
 @click.option("--json", "as_json_flag", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--tenants",
+    is_flag=True,
+    help="Shares received vs entitled per tenant (needs --env), over 1, 5 and 15 minutes.",
+)
+@click.option("--queue", default=None, help="With --tenants: only this queue.")
 @click.option(
     "-w",
     "--watch",
@@ -125,6 +183,8 @@ async def command(
     env_name: str | None,
     breakdown: bool,
     as_json_flag: bool,
+    tenants: bool,
+    queue: str | None,
     watch: float | None,
 ) -> None:
     """Show every environment's queues: Queued | Running | limit | size limit | servable
@@ -134,12 +194,23 @@ async def command(
     Counts include every concurrency key of a queue (keys busiest first with -k). The env
     row shows the env's own running count, concurrency limit (x burst factor) and default
     size limit; "-" means none. The same numbers as the dashboard's overview.
+
+    With --tenants --env E: per queue of E (or --queue), what each tenant received (runs,
+    or slot-seconds with charge = duration) and was entitled to while backlogged (its
+    weight's share), and their ratio, over the last 1, 5 and 15 minutes; -k adds keys.
     """
     env = parse_env(env_name) if env_name else None
+    if tenants and env is None:
+        raise click.UsageError("--tenants needs --env org:project:env")
+    if queue is not None and not tenants:
+        raise click.UsageError("--queue goes with --tenants")
     rq = await open_queue(url)
     try:
         if env is not None:
             await warn_if_unknown(rq, env)
+        if tenants and env is not None:
+            await show_tenants(rq, env, queue, keys=breakdown, as_json_flag=as_json_flag)
+            return
         if as_json_flag:
             data = await load_overview(rq, env=env, breakdown=True, backlog=True)
             click.echo(json.dumps(as_json(data), indent=2))

@@ -9,7 +9,8 @@ Routes
 ``GET /``                               environments and their queues (Queued | Running…)
 ``GET /api/overview``                   the same, as JSON
 ``GET /queues/{env}/{queue}``           one queue: CK variants, the env's DLQ, served share
-                                        (per tenant, from the dequeue scripts' history)
+                                        (per tenant, from the dequeue scripts' history),
+                                        received vs entitled per tenant
 ``GET /api/queues/{env}/{queue}``       the same, as JSON
 ``POST /envs/{env}/dlq/{run}/redrive``  move a dead-lettered run back to its queue
 ``GET /api/queues/{env}/{queue}/charts`` the last hour per minute (throughput, run time,
@@ -34,7 +35,8 @@ pages answer 503 with a page that retries by itself, JSON endpoints and ``/metri
 with the reason; the dashboard reconnects on its own when the server is back.
 
 The parts: :mod:`~fairq.dashboard.views` (what is shown), :mod:`~fairq.dashboard.served`
-(served share), :mod:`~fairq.dashboard.prometheus` (``/metrics``) and
+(served share), :mod:`~fairq.dashboard.shares` (received vs entitled),
+:mod:`~fairq.dashboard.prometheus` (``/metrics``) and
 :mod:`~fairq.dashboard.security` (token, cross-site refusal, headers, body cap).
 """
 
@@ -74,6 +76,7 @@ from fairq.dashboard.security import (
     TokenMiddleware,
     local_path,
 )
+from fairq.dashboard.shares import format_amount, format_ratio
 from fairq.dashboard.views import (
     find_run,
     format_wait,
@@ -201,6 +204,8 @@ def _templates() -> Jinja2Templates:
     env.filters["urlpart"] = urlpart
     env.filters["wait"] = format_wait
     env.filters["limit"] = lambda value: "—" if value is None else str(value)
+    env.filters["amount"] = format_amount
+    env.filters["ratio"] = format_ratio
     env.globals.update(
         queue_path=queue_path, queue_api_path=queue_api_path, redrive_path=redrive_path,
         run_path=run_path, action_path=action_path,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from fairq.dashboard.served import served_chart
+from fairq.dashboard.shares import load_shares
 from fairq.keys import Environment
 from fairq.models import DeadLetter, EnvStats, QueueStats, VariantStats
 from fairq.outcomes import RunInfo
@@ -337,7 +338,8 @@ class DeadLetterView:
 
 @dataclass(frozen=True, slots=True)
 class QueueDetail:
-    """One queue's page: counts, variants, the environment's dead letters, served share."""
+    """One queue's page: counts, variants, the environment's dead letters, served share,
+    shares received vs entitled."""
 
     now_ms: int
     env: str
@@ -352,6 +354,8 @@ class QueueDetail:
     served: dict[str, Any]
     #: The queue's most recently finished runs, newest first.
     recent: tuple[RecentRun, ...] = ()
+    #: :func:`fairq.dashboard.shares.shares_panel`: received vs entitled per tenant.
+    shares: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The page's data; at most :data:`MAX_VARIANT_ROWS` variants (busiest first)."""
@@ -368,6 +372,7 @@ class QueueDetail:
             "dead_lettered": self.dead_lettered,
             "served": self.served,
             "recent": [recent_to_json(r) for r in self.recent],
+            "shares": self.shares,
         }
 
 
@@ -378,13 +383,15 @@ async def load_queue_detail(
     *,
     now_ms: int | None = None,
 ) -> QueueDetail:
-    """One queue's page data, with its served share (the dequeue scripts' history)."""
+    """One queue's page data, with its served share (the dequeue scripts' history) and
+    its shares received vs entitled (:mod:`fairq.dashboard.shares`)."""
     now = wall_clock_ms() if now_ms is None else now_ms
     stats = await rq.queue_stats(env, queue, breakdown=True)
     served = await served_chart(rq, env, queue, now)
     es = await rq.env_stats(env)
     dead = await rq.dead_letters(env, limit=MAX_DEAD_LETTERS)
     recent = await rq.recent_runs(env, queue, limit=MAX_RECENT_RUNS)
+    shares = await load_shares(rq, env, queue, now_ms=now_ms)
     return QueueDetail(
         now_ms=now,
         env=env.id,
@@ -396,6 +403,7 @@ async def load_queue_detail(
         dead_letters=tuple(DeadLetterView.of(d) for d in dead),
         served=served,
         recent=tuple(recent),
+        shares=shares,
     )
 
 

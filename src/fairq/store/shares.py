@@ -171,7 +171,7 @@ def tenant_rows(totals: FlowTotals) -> tuple[list[TenantShare], float]:
                 received=sum(k.received for k in keys),
                 entitled=sum(k.entitled for k in keys),
                 share=share[tenant] / totals.shared_buckets if totals.shared_buckets else 0.0,
-                keys=tuple(keys),
+                by_key=tuple(keys),
             )
         )
     rows.sort(key=lambda t: (-t.received, -t.entitled, t.tenant or ""))

@@ -169,6 +169,59 @@
     src.textContent = "counted by every dequeue";
     document.getElementById("served-total").textContent = String(data.served.total);
     drawChart(data.served);
+    renderShares(data.shares);
+  }
+
+  // ------------------------------------------------------------------ received vs entitled
+  function amount(v) { return Number.isInteger(v) ? String(v) : v.toFixed(1); }
+  function ratio(v) { return v === null || v === undefined ? "\u2014" : v.toFixed(2); }
+  function shareRows(shares) {
+    var rows = shares.rows.map(function (r) {
+      return { label: r.label, received: r.received, entitled: r.entitled, ratio: r.ratio, other: false };
+    });
+    if (shares.other) {
+      var o = shares.other;
+      rows.push({ label: "other (" + o.count + " tenants)", received: o.received, entitled: o.entitled, ratio: o.ratio, other: true });
+    }
+    return rows;
+  }
+  function renderShares(shares) {
+    if (!shares) return;
+    document.getElementById("shares-unit").textContent = shares.unit;
+    document.getElementById("shares-samples").textContent = String(shares.samples[1]);
+    var rows = shareRows(shares);
+    var trs = rows.map(function (r) {
+      var tr = el("tr", { className: r.other ? "other" : "" }, [
+        td(r.label, "key"), td(amount(r.received[1]), "num"), td(amount(r.entitled[1]), "num"),
+      ].concat(r.ratio.map(function (x) { return td(ratio(x), "num"); })));
+      if (!r.other) tr.dataset.tenant = r.label;
+      return tr;
+    });
+    if (!trs.length) trs = [el("tr", {}, [el("td", { colspan: "6", className: "empty", text: "nothing received in the last 15 minutes" })])];
+    var tbody = document.querySelector("#shares tbody");
+    tbody.replaceChildren.apply(tbody, trs);
+    drawShares(document.getElementById("chart-shares"), rows);
+  }
+  // Two bars per tenant over the last 5 minutes: received (key0) and entitled (key1).
+  function drawShares(svg, rows) {
+    var W = 600, L = 130, R = 60, T = 6, rowH = 22, bar = 8;
+    var H = Math.max(40, T * 2 + rowH * rows.length);
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    var max = 0;
+    rows.forEach(function (r) { max = Math.max(max, r.received[1], r.entitled[1]); });
+    var x = function (v) { return (W - L - R) * (max ? v / max : 0); };
+    var nodes = [svgEl("line", { x1: L, y1: T, x2: L, y2: H - T, "class": "axis" })];
+    rows.forEach(function (r, i) {
+      var y = T + i * rowH + 2;
+      var name = r.label.length > 18 ? r.label.slice(0, 17) + "\u2026" : r.label;
+      nodes.push(svgEl("text", { x: L - 6, y: y + bar + 2, "text-anchor": "end", "class": "lbl" }, name));
+      nodes.push(svgEl("rect", { x: L, y: y, width: Math.max(0.5, x(r.received[1])), height: bar, "class": "key0" }));
+      nodes.push(svgEl("rect", { x: L, y: y + bar + 1, width: Math.max(0.5, x(r.entitled[1])), height: bar, "class": "key1" }));
+      nodes.push(svgEl("text", { x: L + x(Math.max(r.received[1], r.entitled[1])) + 4, y: y + bar + 2, "class": "lbl" }, "\u00d7" + ratio(r.ratio[1])));
+    });
+    if (!rows.length) nodes.push(svgEl("text", { x: W / 2, y: H / 2, "text-anchor": "middle", "class": "lbl" }, "nothing received in the last 5 minutes"));
+    svg.replaceChildren.apply(svg, nodes);
+    svg.dataset.rows = String(rows.length);
   }
 
   function drawChart(served) {
@@ -338,7 +391,9 @@
   }
   fillStamps(document);
   if (page === "queue") {
-    drawChart(JSON.parse(document.getElementById("initial-data").textContent).served);
+    var initial = JSON.parse(document.getElementById("initial-data").textContent);
+    drawChart(initial.served);
+    renderShares(initial.shares);
     window.addEventListener("resize", function () { refresh(); });
     refreshCharts();
   }
