@@ -154,6 +154,8 @@ SLOW_TESTS = frozenset(
         "tests/acceptance/test_readme.py::test_the_use_it_snippet_runs_as_written",
         "tests/acceptance/test_schedules.py::test_fairq_schedules_lists_schedules_and_next_runs",
         "tests/acceptance/test_schedules.py::test_three_workers_run_each_tick_of_a_schedule_once",
+        "tests/acceptance/test_shares_views.py::test_stats_tenants_the_queue_page_and_the_store_agree",
+        "tests/acceptance/test_shares_views.py::test_stats_tenants_needs_an_environment",
         "tests/acceptance/test_stats_views.py::test_stats_json_and_the_dashboard_overview_agree",
         "tests/acceptance/test_stats_views.py::test_stats_refuses_a_watch_interval_that_is_not_positive",
         "tests/acceptance/test_stats_views.py::test_stats_table_shows_the_same_rows",
