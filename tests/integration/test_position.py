@@ -268,3 +268,57 @@ async def test_a_spread_environment_reads_the_run_s_partition(
         got = await rq.dequeue(100, env=env, queues=[Q], now_ms=now)
         started += len(got)
     assert started == b.servable
+
+
+async def _run_workers(
+    rq: RunQueue,
+    env: Environment,
+    running: list[tuple[int, Delivery]],
+    start: int,
+    until: int,
+    *,
+    slots: int,
+    run_ms: int,
+) -> dict[str, int]:
+    """Workers with ``slots`` slots on a logical clock stepped by 50 ms: runs finish
+    ``run_ms`` after they start (acked then), freed slots are filled at once; ``running``
+    (finish time, delivery) is kept across calls. Returns each run's start time."""
+    started: dict[str, int] = {}
+    for t in range(start, until, 50):
+        done = [d for end, d in running if end <= t]
+        if done:
+            await rq.ack(done, now_ms=t)
+            running[:] = [(end, d) for end, d in running if end > t]
+        if len(running) < slots:
+            got = await rq.dequeue(slots - len(running), env=env, queues=[Q], now_ms=t)
+            running += [(t + run_ms, d) for d in got]
+            started.update((d.run_id, t) for d in got)
+    return started
+
+
+@both_orders
+async def test_a_capped_key_s_estimate_follows_its_cap(
+    make_queue: Any, env: Environment, order: Order
+) -> None:
+    """8 worker slots, runs of 1 s; a key capped at 1 beside five uncapped keys: the
+    capped key's runs start one a second, not at the queue's 8/s, and each estimate is
+    within 100 ms of its real start (without the cap's bound the first is 0.5 s early
+    and the later ones more; taking the run in flight for one just started, 0.5 s late)."""
+    rq = await queue_for(make_queue, order, max_per_key_per_call=10)
+    await rq.set_key_concurrency(env, Q, "capped", 1)
+    await enqueue_runs(rq, env, Q, "c", 10, key="capped", at=START - 5_000)
+    for i in range(5):
+        await enqueue_runs(rq, env, Q, f"u{i}-", 40, key=f"u{i}", at=START - 4_000 + i * 100)
+    running: list[tuple[int, Delivery]] = []
+    warm = await _run_workers(rq, env, running, START, START + 4_500, slots=8, run_ms=1_000)
+    now = START + 4_500
+    waiting = [f"c{i}" for i in range(10) if f"c{i}" not in warm]
+    assert len(waiting) == 5
+    positions = {run: await rq.run_position(env, run, now_ms=now) for run in waiting}
+    actual = await _run_workers(rq, env, running, now, now + 12_000, slots=8, run_ms=1_000)
+    assert [actual[run] - now for run in waiting] == [500 + 1_000 * n for n in range(5)]
+    for n, run in enumerate(waiting):
+        p = positions[run]
+        assert p is not None and p.estimate is not None and p.ahead_in_flow == n
+        assert [g.name for g in p.gates] == ["key_cap"]
+        assert abs(p.estimate.at_ms - actual[run]) <= 100, (run, p.estimate, actual[run])

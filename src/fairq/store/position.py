@@ -19,6 +19,7 @@ buckets refilled to the read's clock).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any, Final
 from fairq import keys as K
 from fairq.config import MAX_LIMIT
 from fairq.keys import Environment, EnvKeys, KeySchema, QueueKeys
-from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus
+from fairq.outcomes import FINISH_STATUSES, STATE_STATUS, RunInfo, RunStatus
 from fairq.store import run_hash
 from fairq.store._core import text_of
 from fairq.store.history import HISTORY_BUCKET_MS
@@ -35,6 +36,8 @@ from fairq.store.readers import ReaderOps, _key_tag
 
 #: Flows of a queue a snapshot reads at most (those with the oldest heads).
 MAX_FLOWS: Final = 1000
+#: Runs holding a capped flow's slots whose lease start an estimate reads at most.
+MAX_LEASE_READS: Final = 1000
 #: How far back the throughput behind an estimated start reaches (ms).
 THROUGHPUT_WINDOW_MS: Final = 60_000
 
@@ -44,6 +47,9 @@ GATES: Final = (
     "tenant_rate", "key_rate",
 )  # fmt: skip
 
+#: What a snapshot reads of each history bucket: runs started, the summed run time of
+#: the runs finished, and the runs finished by how.
+_HISTORY_READ: Final = ("served", "run_ms", *FINISH_STATUSES)
 #: What a position reads of the run hash.
 _RUN_READ: Final = ("state", "queue", "ck", "tenant", "score")
 #: What locates a running run's slots (for counters a reader finds missing).
@@ -249,6 +255,8 @@ class Flow:
     weight: float = 1.0
     #: Runs of the flow with a score below the run asked about (age-order estimate).
     before_score: int = 0
+    #: When the runs holding its slots started (read only when its cap binds a run).
+    lease_starts: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -274,6 +282,9 @@ class QueueSnapshot:
     unread_queued: int = 0
     #: Runs the queue started per history bucket over the throughput window.
     served: list[tuple[int, int]] = field(default_factory=list)
+    #: Runs finished over the window and their summed run time (ms), from the history.
+    finished: int = 0
+    run_ms: int = 0
     #: Whether the keyed runs in flight were counted (the lazy counter was there).
     ck_running_known: bool = True
 
@@ -297,6 +308,10 @@ class QueueSnapshot:
         if f.tenant_cap >= f.key_cap:  # a key's own tenant: only a lower cap binds
             return None
         return f.tenant_cap - f.slots
+
+    def mean_run_ms(self) -> float | None:
+        """The mean run time of the runs finished over the window (None: none finished)."""
+        return self.run_ms / self.finished if self.finished else None
 
     def throughput_per_s(self) -> float:
         """Runs started per second over the window: from the first bucket that started
@@ -402,7 +417,21 @@ class PositionOps(ReaderOps):
         score = int(float(text_of(h["score"])))
         flow = K.flow_of(ck, tenant)
         snap, ahead = await self.queue_snapshot(env, queue, at, now, run=(run_id, flow, score))
+        own = snap.flow(flow)
+        if own is not None and _cap_binds(snap, own, ahead or 0):
+            own.lease_starts = await self._lease_starts(read_keys(self.keys, env, queue, at), own)
         return build_position(snap, run_id, flow, score, ahead or 0, ck, tenant)
+
+    async def _lease_starts(self, keys: ReadKeys, own: Flow) -> list[int]:
+        """When each run holding one of the flow's slots started (its lease start)."""
+        ids = [text_of(r) for r in await self.read(self.client.smembers(keys.flow_slots(own.flow)))]
+
+        def build(pipe: Any) -> None:
+            for run_id in ids[:MAX_LEASE_READS]:
+                pipe.hget(keys.env.message(run_id), run_hash.RUN_FIELDS["lease_start"].stored)
+
+        rows = await self.pipeline(build) if ids else []
+        return [int(float(text_of(v))) for v in rows if v is not None]
 
     async def queue_snapshot(
         self,
@@ -450,7 +479,7 @@ class PositionOps(ReaderOps):
             pipe.hget(q.buckets, "q")
             pipe.zscore(keys.env.tenant_tags, K.FLOOR_MEMBER)
             for b in buckets:
-                pipe.hget(keys.history(b), "served")
+                pipe.hmget(keys.history(b), _HISTORY_READ)
 
         raw = await self.pipeline(build)
         config, env_running, keyless_slots, ck_running, ck_queued = raw[:5]
@@ -478,8 +507,11 @@ class PositionOps(ReaderOps):
             queue_rate=_bucket(rate, qbucket),
             tenant_running={},
             served=[
-                (b * HISTORY_BUCKET_MS, _int(n) or 0) for b, n in zip(buckets, served, strict=True)
+                (b * HISTORY_BUCKET_MS, _int(n[0]) or 0)
+                for b, n in zip(buckets, served, strict=True)
             ],
+            finished=sum(_int(v) or 0 for row in served for v in row[2:]),
+            run_ms=sum(_int(row[1]) or 0 for row in served),
         )
         snap.ck_running_known = ck_running is not None
         heads = {text_of(m): int(s) for m, s in index}
@@ -689,12 +721,57 @@ def runs_before(snap: QueueSnapshot, own: Flow, ahead: int) -> int:
     return tenant_ahead + others
 
 
+def _cap_binds(snap: QueueSnapshot, own: Flow, ahead: int) -> bool:
+    """Whether a keyed flow's cap holds the run ``ahead`` places into it (it has fewer
+    free slots than runs up to it), with runs in flight to time."""
+    room = snap.key_room(own)
+    keyed = not flow_keyless(own.flow)
+    return keyed and room is not None and own.slots > 0 and ahead + 1 > max(0, room)
+
+
+def _slot_start(now: int, free_at: list[int], waiting: int, mean: float) -> int:
+    """When the run after ``waiting`` others starts through slots free at ``free_at``,
+    each run taking ``mean`` ms."""
+    slots = list(free_at)
+    heapq.heapify(slots)
+    for _ in range(waiting):
+        heapq.heappush(slots, math.ceil(heapq.heappop(slots) + mean))
+    return max(now, slots[0])
+
+
+def _cap_bound(snap: QueueSnapshot, own: Flow, ahead: int) -> int:
+    """The earliest start its key's cap allows (and its tenant's, for a named tenant's
+    runs): the runs ahead of it in the capped scope through the cap's slots at the mean
+    run time. A key's slots in flight free when their runs reach the mean run time (read
+    from their lease starts); a tenant's, fluidly (cap runs per mean run time)."""
+    mean = snap.mean_run_ms()
+    if mean is None:
+        return 0
+    now, bound = snap.now_ms, 0
+    room = snap.key_room(own)
+    if room is not None and own.key_cap > 0:
+        starts = own.lease_starts or []
+        busy = [max(now, math.ceil(ls + mean)) for ls in starts]
+        busy += [math.ceil(now + mean / 2)] * max(0, min(own.slots, own.key_cap) - len(busy))
+        free = [now] * max(0, room)
+        bound = _slot_start(now, free + busy, ahead, mean)
+    tenant_room = snap.tenant_room(own)
+    if tenant_room is not None and own.tenant_cap:
+        waiting = ahead + sum(
+            min(f.queued, ahead) for f in snap.flows if f.tenant == own.tenant and f is not own
+        )
+        short = waiting + 1 - max(0, tenant_room)
+        if short > 0:
+            bound = max(bound, now + math.ceil(short * mean / own.tenant_cap))
+    return bound
+
+
 def estimate_start(
     snap: QueueSnapshot, own: Flow, score: int, ahead: int, gates: Sequence[Gate]
 ) -> StartEstimate | None:
     """When a queued run is expected to start (see :func:`runs_before`): after the runs
     before it at the queue's recent throughput, no earlier than it is due, and no earlier
-    than its key's and tenant's rate limits allow its flow's runs ahead of it."""
+    than its key's and tenant's rate limits and caps allow its runs ahead of it."""
     if any(g.name == "paused" for g in gates):
         return None
     rate = snap.throughput_per_s()
@@ -708,6 +785,7 @@ def estimate_start(
             short = ahead + 1 - whole
             if short > 0:
                 at = max(at, next_at + math.ceil((short - 1) * 1000 / bucket.rate))
+    at = max(at, _cap_bound(snap, own, ahead))
     return StartEstimate(
         at_ms=max(at, score), runs_before=before, throughput_per_s=rate,
         window_ms=THROUGHPUT_WINDOW_MS,
