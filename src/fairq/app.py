@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from datetime import timedelta
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar, overload
@@ -64,6 +65,7 @@ class Schedule:
         catch_up: after downtime, enqueue no missed tick (``none``), the latest missed
             one (``latest``) or every missed one (``all``, at most ``max_catch_up``).
         max_catch_up: the most missed ticks ``all`` enqueues.
+        priority: the runs' priority level (None: the task's).
     """
 
     name: str
@@ -76,6 +78,7 @@ class Schedule:
     tenant: str | None = None
     catch_up: CatchUp = "latest"
     max_catch_up: int = 100
+    priority: int | None = None
 
 
 class _TaskDecorator(Protocol):
@@ -183,6 +186,9 @@ class Fairq:
         total_concurrency: int | None = None,
         rate: str | float | None = None,
         charge: Literal["count", "duration"] | None = None,
+        priority: int | None = None,
+        priority_levels: int | None = None,
+        max_wait_promote: Duration | None = None,
     ) -> _TaskDecorator: ...
 
     def task(
@@ -205,6 +211,9 @@ class Fairq:
         total_concurrency: int | None = None,
         rate: str | float | None = None,
         charge: Literal["count", "duration"] | None = None,
+        priority: int | None = None,
+        priority_levels: int | None = None,
+        max_wait_promote: Duration | None = None,
     ) -> Any:
         """Register a task (``@app.task`` or ``@app.task(queue=..., ...)``).
 
@@ -227,6 +236,11 @@ class Fairq:
                 payload, a key or a catch-up policy use :meth:`schedule`.
             fair / max_per_key_per_call / total_concurrency / rate / charge: the queue's
                 order and limits, written on the server by a starting worker.
+            priority: the priority level of its runs that give none (1 is the highest;
+                default: the queue's middle level).
+            priority_levels / max_wait_promote: the queue's number of priority levels
+                (1..9, default 5) and the seconds a run waits before it moves up one
+                level (default: never), written like the limits.
 
         Raises:
             ConfigurationError: the queue already has a task, or a bad option.
@@ -240,6 +254,14 @@ class Fairq:
             options["total"] = total_concurrency
         if charge is not None:
             options["charge"] = charge
+        if priority_levels is not None:
+            options["priority_levels"] = priority_levels
+        if max_wait_promote is not None:
+            options["max_wait_promote"] = (
+                max_wait_promote.total_seconds()
+                if isinstance(max_wait_promote, timedelta)
+                else max_wait_promote
+            )
         if rate is not None:
             from fairq.store.options import parse_rate
 
@@ -260,7 +282,7 @@ class Fairq:
                 self, function, name=task_name, queue=queue_name,
                 concurrency_limit=concurrency_limit, queue_size_limit=queue_size_limit,
                 retry=retry, ttl_ms=ttl_ms, timeout=timeout, keep_result=keep_result,
-                tenant_from=tenant_from, options=options,
+                tenant_from=tenant_from, options=options, priority=priority,
             )  # fmt: skip
             self.tasks[queue_name] = t
             if isinstance(schedule, str):
@@ -286,6 +308,7 @@ class Fairq:
         tenant: str | None = None,
         catch_up: CatchUp = "latest",
         max_catch_up: int = 100,
+        priority: int | None = None,
     ) -> Schedule:
         """Trigger ``task`` periodically: on a cron expression, or every ``every`` seconds.
         Workers of the app enqueue each tick exactly once, however many run.
@@ -296,7 +319,7 @@ class Fairq:
                 multiples of it since the Unix epoch.
             name: unique per app (default ``<queue>@<cron>`` / ``<queue>@every<N>ms``);
                 the server keeps each schedule's last tick under this name.
-            payload / concurrency_key / tenant: of every run it triggers.
+            payload / concurrency_key / tenant / priority: of every run it triggers.
             timezone: an IANA name (``Europe/Paris``); daylight-saving changes follow
                 cron's rules (a skipped local time does not run, a repeated one once).
             catch_up: after a downtime, ``none`` skips the missed ticks, ``latest``
@@ -326,7 +349,7 @@ class Fairq:
             Schedule(
                 name=schedule_name, task=task, cron=cron, every_ms=every_ms,
                 timezone=timezone, payload=payload, concurrency_key=concurrency_key,
-                tenant=tenant, catch_up=catch_up, max_catch_up=max_catch_up,
+                tenant=tenant, catch_up=catch_up, max_catch_up=max_catch_up, priority=priority,
             )
         )  # fmt: skip
         if schedule_name in self.schedules:

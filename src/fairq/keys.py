@@ -91,6 +91,8 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
                      order while gated (at a cap, rate-limited, or only future runs)
   parkdue      ZSET  the same members -> when a time-gated one may return (ms)
   recent       LIST  the last finished runs (one line each), newest first, bounded
+  aging        ZSET  runs below the highest priority level of a queue that promotes
+                     waiting runs -> when the run moves up one level (ms)
   ``h:<bucket>``  HASH  per-10-s history: runs served, waited, finished… (EXPIRE)
   ``s:<bucket>``  HASH  per-10-s shares: backlog samples taken, each flow's summed
                      entitled share, runs and run time received by lease start (EXPIRE)
@@ -113,7 +115,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from fairq.errors import InvalidLimitError, InvalidNameError
@@ -144,6 +146,28 @@ FLOOR_MEMBER: Final = "~floor"
 #: flow is ``K`` (a key of no named tenant), ``N/K`` (tenant N's key K), ``N/`` (tenant
 #: N's runs without a key) or ``*`` (the keyless runs of no named tenant).
 FLOW_TENANT_SEPARATOR: Final = "/"
+#: Priority levels: 1 is the highest; a queue has ``priority_levels`` of them (at most
+#: :data:`MAX_LEVELS`). The runs of level :data:`BASE_LEVEL` wait in the queue's own
+#: keys; every other level has its own order keys (its queued sets, its index of keyed
+#: flows, its fair-order state) under ``<base>@<level>`` (no queue or environment name
+#: contains ``@``), while the limits (slots, counters, caps, rate buckets) stay the
+#: queue's, shared by its levels.
+LEVEL_SEPARATOR: Final = "@"
+BASE_LEVEL: Final = 3
+MAX_LEVELS: Final = 9
+#: A queue's priority levels unless set (``priority_levels``); a run that gives no level
+#: gets the middle one, :func:`default_level`.
+DEFAULT_PRIORITY_LEVELS: Final = 5
+
+
+def default_level(levels: int) -> int:
+    """The level of a run that names none, in a queue of ``levels`` levels."""
+    return (levels + 1) // 2
+
+
+def level_name(name: str, level: int) -> str:
+    """The name of a queue's (or an environment's) order keys at ``level``."""
+    return name if level == BASE_LEVEL else f"{name}{LEVEL_SEPARATOR}{level}"
 
 
 def flow_of(encoded_key: str, encoded_tenant: str) -> str:
@@ -203,11 +227,16 @@ QUEUE_KEYS: Final = {
     "parked": "park",
     "parked_due": "parkdue",
     "recent": "recent",
+    "aging": "aging",
 }
 #: Per-variant keys: attribute -> suffix (``B:ck:K:<suffix>``).
 VARIANT_KEYS: Final = {"queued": "queued", "inflight": "inflight"}
 #: Per-(queue, tenant) keys: attribute -> suffix (``B:t:N:<suffix>``).
 TENANT_KEYS: Final = {"keys": "keys"}
+#: The per-queue keys each priority level has its own of (under ``level_name(B, L)``).
+#: (QueueKeys.at_level keeps the others; a level's ``base`` names its variants' queued
+#: sets and tenants' key sets, never a slot set.)
+LEVEL_QUEUE_KEYS: Final = ("queued", "ck_index", "ready_tenants", "parked", "parked_due")
 #: Keys only the fair order uses: the age-order build of a script is generated without
 #: them (so it can neither read nor write one), and their names never appear in it.
 FAIR_ORDER_KEYS: Final = frozenset(
@@ -384,6 +413,16 @@ class QueueKeys:
     parked: str
     parked_due: str
     recent: str
+    aging: str
+
+    def at_level(self, level: int) -> QueueKeys:
+        """The same queue's keys with its order keys (queued sets, ck_index, the fair
+        order's) at priority ``level``; the others stay the queue's own."""
+        if level == BASE_LEVEL:
+            return self
+        base = level_name(self.base, level)
+        order = {attr: f"{base}:{QUEUE_KEYS[attr]}" for attr in LEVEL_QUEUE_KEYS}
+        return replace(self, base=base, **order)
 
     def variant_queued(self, encoded_ck: str) -> str:
         return f"{self.base}:{VARIANT_PART}:{encoded_ck}:{VARIANT_KEYS['queued']}"
@@ -576,7 +615,7 @@ def heads_member(kind: str, env: Environment, queue: str) -> str:
 def parse_heads_member(member: str) -> tuple[str, Environment, str]:
     """Invert :func:`heads_member`: ``(kind, env, queue)``."""
     kind, org, project, name, queue = member.split(":", 4)
-    return kind, Environment(org, project, name), queue
+    return kind, Environment(org, project, name), queue.partition(LEVEL_SEPARATOR)[0]
 
 
 def lease_member(env: Environment, run_id: str) -> str:
@@ -652,6 +691,12 @@ def lua_schema(*, fair: bool = True) -> str:
             *([_lua_table("TENANT_KEYS", TENANT_KEYS, fair)] if fair else []),
             *([f"local FLOOR_MEMBER = '{FLOOR_MEMBER}'"] if fair else []),
             f"local KEYLESS_FLOW = '{KEYLESS_FLOW}'",
+            f"local BASE_LEVEL, MAX_LEVELS = {BASE_LEVEL}, {MAX_LEVELS}",
+            f"local DEFAULT_PRIORITY_LEVELS = {DEFAULT_PRIORITY_LEVELS}",
+            "local function level_name(name, level)",
+            "  if level == BASE_LEVEL then return name end",
+            f"  return name .. '{LEVEL_SEPARATOR}' .. level",
+            "end",
             *_LUA_FLOWS,
             f"local KIND_QUEUE, KIND_CK = '{KIND_QUEUE}', '{KIND_CK}'",
             "local function shard_key(tag, name) return tag .. ':' .. SHARD_KEYS[name] end",

@@ -100,7 +100,8 @@ class EnqueueRequest:
     concurrency_key: str | None = None
     delay_ms: int = 0
     available_at_ms: int | None = None
-    priority_ms: int = 0
+    #: A time credit: the run orders as if it were this much older (ms).
+    head_start_ms: int = 0
     ttl_ms: int | None = None
     tenant: str | None = None
     #: Keep the outcome of a completed run even when it has no result.
@@ -110,6 +111,8 @@ class EnqueueRequest:
     #: A trace context (W3C ``traceparent``, optionally ``;tracestate``) the run's
     #: deliveries carry, linking the run to where it was triggered.
     trace_context: str | None = None
+    #: Its priority level (1 is the highest; None = the queue's default, its middle level).
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

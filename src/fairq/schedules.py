@@ -112,6 +112,7 @@ def tick_request(s: Schedule, tick_ms: int) -> EnqueueRequest:
         env=task.app.env, queue=task.queue, run_id=run_id_of(s, tick_ms), payload=s.payload,
         concurrency_key=s.concurrency_key, tenant=s.tenant, ttl_ms=task.ttl_ms,
         timeout_ms=task.timeout_ms, keep_outcome=bool(task.keep_result),
+        priority=s.priority if s.priority is not None else task.priority,
     )  # fmt: skip
 
 

@@ -74,7 +74,7 @@ class SyncFacade:
             return await task.trigger(
                 item.payload, concurrency_key=item.concurrency_key, tenant=item.tenant,
                 delay=item.delay, ttl=item.ttl, priority=item.priority, run_id=item.run_id,
-                timeout=item.timeout, keep_result=item.keep_result,
+                timeout=item.timeout, keep_result=item.keep_result, head_start=item.head_start,
             )  # fmt: skip
 
         return self.run(send())

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 P = TypeVar("P")
 R = TypeVar("R")
 
-#: What ``delay``, ``ttl``, ``timeout`` and ``priority`` accept: seconds, or a timedelta.
+#: What ``delay``, ``ttl``, ``timeout`` and ``head_start`` accept: seconds, or a timedelta.
 Duration = float | int | timedelta
 #: How a task derives a run's tenant: a callable of the payload, or the concurrency
 #: key's prefix up to a separator (``"prefix:/"`` = up to the first ``/``).
@@ -56,6 +56,12 @@ TenantFrom = Callable[[Any], str | None] | str
 
 #: The payload of a trigger that gives none (the task receives None).
 _NO_PAYLOAD: Any = None
+
+
+def _checked_priority(value: object) -> int:
+    from fairq.store.validate import priority
+
+    return priority(value)
 
 
 def to_ms(name: str, value: Duration | None) -> int | None:
@@ -152,10 +158,13 @@ class TriggerItem(Generic[P]):
     tenant: str | None = None
     delay: Duration | None = None
     ttl: Duration | None = None
-    priority: Duration | None = None
+    #: Its priority level (1 is the highest; None = the task's, else the queue's middle level).
+    priority: int | None = None
     run_id: str | None = None
     timeout: Duration | None = None
     keep_result: bool | None = None
+    #: A time credit: the run orders as if queued this much earlier, inside its level.
+    head_start: Duration | None = None
 
 
 @dataclass(slots=True)
@@ -268,6 +277,7 @@ class Task(Generic[P, R]):
         keep_result: bool | None = None,
         tenant_from: TenantFrom | None = None,
         options: dict[str, object] | None = None,
+        priority: int | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -288,6 +298,8 @@ class Task(Generic[P, R]):
         if tenant_from is not None and not (callable(tenant_from) or isinstance(tenant_from, str)):
             raise ConfigurationError("tenant_from must be a callable or 'prefix:<separator>'")
         self.tenant_from = tenant_from
+        #: The priority level of its runs that give none (None: the queue's middle level).
+        self.priority = None if priority is None else _checked_priority(priority)
         #: Queue settings written on the server by :meth:`Fairq.apply_limits`.
         self.options = dict(options or {})
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -318,7 +330,8 @@ class Task(Generic[P, R]):
             payload=item.payload,
             concurrency_key=item.concurrency_key,
             delay_ms=to_ms("delay", item.delay) or 0,
-            priority_ms=to_ms("priority", item.priority) or 0,
+            head_start_ms=to_ms("head_start", item.head_start) or 0,
+            priority=item.priority if item.priority is not None else self.priority,
             ttl_ms=ttl_ms if ttl_ms is not None else self.ttl_ms,
             tenant=tenant,
             keep_outcome=bool(keep),
@@ -341,10 +354,11 @@ class Task(Generic[P, R]):
         tenant: str | None = None,
         delay: Duration | None = None,
         ttl: Duration | None = None,
-        priority: Duration | None = None,
+        priority: int | None = None,
         run_id: str | None = None,
         timeout: Duration | None = None,  # noqa: ASYNC109 - the run's timeout, not this call's
         keep_result: bool | None = None,
+        head_start: Duration | None = None,
     ) -> RunHandle[R]:
         """Queue one run of this task (one round trip).
 
@@ -358,12 +372,17 @@ class Task(Generic[P, R]):
             delay: run no earlier than this many seconds from now.
             ttl: expire the run (never run it) if it has not started within this many
                 seconds (default: the task's ``ttl_ms``).
-            priority: a time credit in seconds: the run orders as if queued this much earlier.
+            priority: its priority level: 1 is the highest, up to the queue's
+                ``priority_levels`` (default 5); every ready run of a level starts before
+                any of the next level, and the fair order applies inside a level. Default:
+                the task's ``priority``, else the queue's middle level (3 of 5).
             run_id: your own id (letters, digits, ``_ . -``); triggering an existing id
                 again changes nothing and returns ``DUPLICATE``. Default: a fresh id.
             timeout: fail the run as timed out after this many seconds of running
                 (default: the task's ``timeout``).
             keep_result: keep the outcome even if the task returns None.
+            head_start: a time credit in seconds: inside its level, the run orders as if
+                queued this much earlier.
 
         Raises:
             PayloadError: the payload is not JSON-serialisable, too deep or too large.
@@ -371,7 +390,8 @@ class Task(Generic[P, R]):
             InvalidNameError, ConfigurationError, InvalidLimitError: bad arguments.
         """
         item = TriggerItem(
-            payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout, keep_result
+            payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout, keep_result,
+            head_start,
         )
         request = self.request_for(item)
         if self.app.eager:
@@ -433,17 +453,19 @@ class Task(Generic[P, R]):
         tenant: str | None = None,
         delay: Duration | None = None,
         ttl: Duration | None = None,
-        priority: Duration | None = None,
+        priority: int | None = None,
         run_id: str | None = None,
         timeout: Duration | None = None,
         keep_result: bool | None = None,
+        head_start: Duration | None = None,
     ) -> RunHandle[R]:
         """Blocking :meth:`trigger`, for code that is not async (calls made from several
         threads at once are sent together)."""
         return self.app.sync.trigger(
             self,
             TriggerItem(
-                payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout, keep_result
+                payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout,
+                keep_result, head_start,
             ),
         )
 

@@ -245,7 +245,7 @@ STORE += [(f"enqueue queue {n}", InvalidNameError, _enq(queue=v)) for n, v in BA
 STORE += [(f"enqueue run_id {n}", InvalidNameError, _enq(run_id=v)) for n, v in BAD_RUN_IDS]
 STORE += [(f"enqueue key {n}", InvalidNameError, _enq(concurrency_key=v)) for n, v in BAD_KEYS]
 STORE += [(f"enqueue tenant {n}", InvalidNameError, _enq(tenant=v)) for n, v in BAD_KEYS]
-for field_name in ("delay_ms", "priority_ms", "ttl_ms"):
+for field_name in ("delay_ms", "head_start_ms", "ttl_ms"):
     STORE += [
         (f"enqueue {field_name} {n}", InvalidLimitError, _enq(**{field_name: v}))
         for n, v in BAD_DURATIONS
@@ -768,13 +768,18 @@ APP += [
     (f"trigger payload {n}", PayloadError, (lambda make: lambda c: c.task.trigger(make()))(make))
     for n, make in BAD_PAYLOADS
 ]
-for option in ("delay", "ttl", "priority", "timeout"):
+for option in ("delay", "ttl", "head_start", "timeout"):
     APP += [
         (f"trigger {option} {n}", ConfigurationError, _trigger(None, **{option: v}))
         for n, v in [("negative", -1), ("nan", NAN), ("inf", INF), ("string", "5"),
                      ("bool", True), ("10**400", HUGE), ("10-years+1", 10 * 365 * 86_400 + 1)]
     ]  # fmt: skip
 APP += [("trigger timeout zero", ConfigurationError, _trigger(None, timeout=0))]
+APP += [
+    (f"trigger priority {n}", InvalidLimitError, _trigger(None, priority=v))
+    for n, v in [("zero", 0), ("ten", 10), ("negative", -1), ("float", 1.5), ("string", "1"),
+                 ("bool", True), ("nan", NAN)]
+]  # fmt: skip
 APP += [
     (f"trigger key {n}", InvalidNameError, _trigger(None, concurrency_key=v)) for n, v in BAD_KEYS
 ]
@@ -1104,7 +1109,7 @@ async def ctx(redis_url: str) -> AsyncIterator[Ctx]:
     await rq.purge()
     await rq.set_env_limits(env, concurrency=5)
     await rq.set_queue_concurrency(env, "q", 3)
-    await rq.enqueue(env, "q", "running", {"a": 0}, priority_ms=60_000)
+    await rq.enqueue(env, "q", "running", {"a": 0}, head_start_ms=60_000)
     await rq.enqueue(env, "q", "queued", {"a": 1})
     await rq.enqueue(env, "q", "keyed", concurrency_key="k", tenant="acme")
     await rq.enqueue(env, "q", "later", delay_ms=3_600_000, ttl_ms=7_200_000)

@@ -192,7 +192,7 @@ async def test_available_at_overrides_delay(make_queue: Any, env: Environment) -
 async def test_priority_orders_a_run_as_if_it_were_older(make_queue: Any, env: Environment) -> None:
     rq: RunQueue = await make_queue()
     await rq.enqueue(env, "q", "old", now_ms=T0)
-    await rq.enqueue(env, "q", "urgent", priority_ms=60_000, now_ms=T0 + 1_000)
+    await rq.enqueue(env, "q", "urgent", head_start_ms=60_000, now_ms=T0 + 1_000)
 
     got = await rq.dequeue(10, now_ms=T0 + 1_000)
 

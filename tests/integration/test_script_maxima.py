@@ -45,11 +45,11 @@ NEW_KEYS = 4000
 
 
 async def _enqueue_keys(
-    rq: RunQueue, env: Environment, tag: str, keys: range, *, priority_ms: int = 0
+    rq: RunQueue, env: Environment, tag: str, keys: range, *, head_start_ms: int = 0
 ) -> None:
     requests = [
         EnqueueRequest(
-            env, "q", f"{tag}-{k}", {"k": k}, concurrency_key=f"key-{k}", priority_ms=priority_ms
+            env, "q", f"{tag}-{k}", {"k": k}, concurrency_key=f"key-{k}", head_start_ms=head_start_ms
         )
         for k in keys
     ]
@@ -77,7 +77,7 @@ async def test_dequeue_1000_from_12000_keys_and_finish_1000_at_once(
     rq: RunQueue = await make_queue(vtime={"enabled": order == "fair"})
     await rq.set_env_limits(env, concurrency=1_000_000)
     # 8,000 keys, two runs each (the first round ordered first), one batch served
-    await _enqueue_keys(rq, env, "first", range(OLD_KEYS), priority_ms=60_000)
+    await _enqueue_keys(rq, env, "first", range(OLD_KEYS), head_start_ms=60_000)
     await _enqueue_keys(rq, env, "second", range(OLD_KEYS))
     served = await _full_batch(rq, env, order)
     assert await rq.ack(served) == [AckStatus.ACKED] * MAX_DEQUEUE_COUNT

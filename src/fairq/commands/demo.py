@@ -158,7 +158,7 @@ async def run_pass(
     # the backlog: queued a minute ago, as far as the order is concerned
     await build_report.trigger_many(
         [
-            TriggerItem({"tenant": HEAVY, "t": t0}, concurrency_key=HEAVY, priority=60)
+            TriggerItem({"tenant": HEAVY, "t": t0}, concurrency_key=HEAVY, head_start=60)
             for _ in range(workload.heavy_runs)
         ]
     )

@@ -55,7 +55,7 @@ def env_option(name: str, value: object) -> Change:
     """
     option = ENV_OPTIONS.get(name)
     if option is None or option.internal:
-        public = sorted(n for n, o in ENV_OPTIONS.items() if not o.internal)
+        public = ", ".join(sorted(n for n, o in ENV_OPTIONS.items() if not o.internal))
         raise InvalidLimitError("environment option", name, f"must be one of {public}")
     return Change("config", None, name, None if value is None else option.encode(name, value))
 
@@ -70,7 +70,7 @@ def queue_option(queue: str, name: str, value: object) -> Change:
     K.validate_name("queue", queue, allow_slash=True)
     option = QUEUE_OPTIONS.get(name)
     if option is None or option.internal:
-        public = sorted(n for n, o in QUEUE_OPTIONS.items() if not o.internal)
+        public = ", ".join(sorted(n for n, o in QUEUE_OPTIONS.items() if not o.internal))
         raise InvalidLimitError("queue option", name, f"must be one of {public}")
     return Change("config", queue, name, None if value is None else option.encode(name, value))
 

@@ -53,7 +53,7 @@ _BatchKey = tuple[int, Environment, int, str, int | None]
 
 
 def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
-    """The 11 script arguments of one run, validating every field (the payload up to
+    """The 12 script arguments of one run, validating every field (the payload up to
     ``max_payload_bytes``): what an enqueue, a schedule's tick and the blocking facade
     send, and how :meth:`fairq.Fairq.schedule` checks a schedule's runs up front.
 
@@ -69,7 +69,8 @@ def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
     encoded_ck = "" if r.concurrency_key is None else K.encode_concurrency_key(r.concurrency_key)
     encoded_tenant = "" if r.tenant is None else K.encode_tenant(r.tenant)
     delay = validate.duration_ms("delay_ms", r.delay_ms)
-    priority = validate.duration_ms("priority_ms", r.priority_ms)
+    head_start = validate.duration_ms("head_start_ms", r.head_start_ms)
+    level = "" if r.priority is None else str(validate.priority(r.priority))
     available = (
         ""
         if r.available_at_ms is None
@@ -84,8 +85,8 @@ def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
     payload = validate.payload(r.payload, max_payload_bytes)
     trace = "" if r.trace_context is None else validate.trace_context(r.trace_context)
     return [
-        r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(priority),
-        str(ttl), payload, KEEP_OUTCOME if r.keep_outcome else "", str(timeout), trace,
+        r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(head_start),
+        str(ttl), payload, KEEP_OUTCOME if r.keep_outcome else "", str(timeout), trace, level,
     ]  # fmt: skip
 
 
@@ -177,9 +178,10 @@ class EnqueueOps(StoreCore):
         tenant: str | None = None,
         delay_ms: int = 0,
         available_at_ms: int | None = None,
-        priority_ms: int = 0,
+        head_start_ms: int = 0,
         ttl_ms: int | None = None,
         keep_outcome: bool = False,
+        priority: int | None = None,
         now_ms: int | None = None,
     ) -> EnqueueStatus:
         """Queue one run.
@@ -194,9 +196,11 @@ class EnqueueOps(StoreCore):
                 for keyless runs its queue).
             delay_ms: make it available this long after now (the server's clock).
             available_at_ms: or at this absolute time (overrides ``delay_ms``).
-            priority_ms: a time credit: the run orders as if it were this much older.
+            head_start_ms: a time credit: the run orders as if it were this much older.
             ttl_ms: expire it (never deliver it) if not dequeued within this time.
             keep_outcome: keep the outcome of a completed run even without a result.
+            priority: its priority level, 1 (the highest) to the queue's
+                ``priority_levels`` (default 5); None = the middle level (3 of 5).
             now_ms: a logical clock (tests, the simulator); default: the server's.
 
         Returns:
@@ -208,7 +212,7 @@ class EnqueueOps(StoreCore):
         """
         request = EnqueueRequest(
             env, queue, run_id, payload, concurrency_key, delay_ms, available_at_ms,
-            priority_ms, ttl_ms, tenant, keep_outcome,
+            head_start_ms, ttl_ms, tenant, keep_outcome, priority=priority,
         )  # fmt: skip
         result = await self.enqueue_one(request, now_ms=now_ms)
         if result.status is EnqueueStatus.REJECTED:
@@ -220,7 +224,7 @@ class EnqueueOps(StoreCore):
         return (await self.placement(env)).partition_of(encoded[2], encoded[1])
 
     def encode_request(self, r: EnqueueRequest) -> list[str]:
-        """The 11 script arguments of one run (see :func:`encode_request`)."""
+        """The 12 script arguments of one run (see :func:`encode_request`)."""
         return encode_request(r, self.config.max_payload_bytes)
 
     async def enqueue_tick(

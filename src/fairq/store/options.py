@@ -114,6 +114,15 @@ QUEUE_OPTIONS: Final[dict[str, Option]] = {
     "overrides": Option("flag", internal=True, help="the queue has cap or rate overrides"),
     "named": Option("flag", internal=True, help="some flow of the queue has a named tenant"),
     "parked": Option("flag", internal=True, help="the fair order parked something of the queue"),
+    "priority_levels": Option(
+        "int", 1, 9, help="priority levels (1 is the highest; a run defaults to the middle one)"
+    ),
+    "max_wait_promote": Option(
+        "float", 0.001, 31_536_000, help="seconds a run waits before it moves up one level"
+    ),
+    "levels": Option(
+        "int", 0, 1023, internal=True, help="priority levels that have their own keys (bits)"
+    ),
 }
 
 #: A rate limit override of one key or tenant: ``rate:burst`` (runs per second, burst).

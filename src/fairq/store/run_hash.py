@@ -63,6 +63,7 @@ RUN_FIELDS: Final[dict[str, RunField]] = {
     "traceback": RunField("tb", "text", "the traceback of its last failed attempt"),
     "cancel_requested": RunField("cx", "ms", "when a cancellation was asked while it ran"),
     "progress": RunField("pg", "text", "the last progress its task reported: fraction:message"),
+    "level": RunField("lv", "int", "its priority level (absent = level 3, the base level)"),
 }
 
 #: The ``outcome_policy`` of a run whose completion's outcome is kept without a result.
@@ -76,20 +77,23 @@ RUN_STATES: Final = tuple(STATE_STATUS)
 #: What each script (or include) reads of a run hash, in the order its reader returns
 #: the fields: ``run_read_<name>`` in Lua.
 RUN_READS: Final[dict[str, tuple[str, ...]]] = {
-    "ack": ("queue", "ck", "state", "lease_token", "attempts", "lease_start", "slot_tenant"),
+    "ack": (
+        "queue", "ck", "state", "lease_token", "attempts", "lease_start", "slot_tenant", "level",
+    ),
     "nack": (
         "queue", "ck", "state", "lease_token", "attempts", "slot_tenant", "tenant", "lease_start",
-        "cancel_requested",
+        "cancel_requested", "level",
     ),
     "heartbeat": ("state", "lease_token", "cancel_requested"),
     "release": ("queue", "ck", "state", "lease_token", "slot_tenant"),
-    "cancel": ("queue", "ck", "state", "attempts", "ttl_deadline", "tenant"),
-    "redrive": ("queue", "ck", "state", "tenant"),
+    "cancel": ("queue", "ck", "state", "attempts", "ttl_deadline", "tenant", "level"),
+    "redrive": ("queue", "ck", "state", "tenant", "level"),
     "reclaim": (
         "queue", "ck", "state", "score", "slot_tenant", "tenant", "lease_start",
-        "cancel_requested", "attempts",
+        "cancel_requested", "attempts", "level",
     ),
-    "expire_ttl": ("queue", "ck", "state", "attempts", "tenant"),
+    "expire_ttl": ("queue", "ck", "state", "attempts", "tenant", "level"),
+    "promote": ("queue", "ck", "state", "tenant", "score", "level"),
     "claim": (
         "payload", "attempts", "score", "enqueued_at", "ttl_deadline", "lease_token", "timeout",
         "outcome_policy", "trace",

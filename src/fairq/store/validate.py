@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from fairq.config import MAX_DEQUEUE_COUNT, MAX_LIMIT, as_float
 from fairq.errors import InvalidLimitError, PayloadError
+from fairq.keys import MAX_LEVELS
 
 #: The largest time accepted (ms): the year 10000.
 MAX_TIME_MS: Final = 253_402_300_800_000
@@ -68,6 +69,11 @@ def time_ms(name: str, value: object) -> int:
 def duration_ms(name: str, value: object, *, minimum: int = 0) -> int:
     """A duration in ms, at most 10 years."""
     return integer(name, value, minimum, MAX_DURATION_MS)
+
+
+def priority(value: object) -> int:
+    """A priority level: 1 (the highest) .. 9 (a queue has at most 9 levels)."""
+    return integer("priority", value, 1, MAX_LEVELS)
 
 
 def lease_ms(value: object) -> int:

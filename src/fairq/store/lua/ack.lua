@@ -44,7 +44,8 @@ for n = 1, count do
   local i = FIRST_ARG + (n - 1) * FIELDS
   local member, status = ARGV[i], ARGV[i + 3]
   local mkey = run_key(tag, member)
-  local queue, ck, state, lease_token, attempts, lease_start, slot_tenant = run_read_ack(mkey)
+  local queue, ck, state, lease_token, attempts, lease_start, slot_tenant, level =
+    run_read_ack(mkey)
   if not queue or acked[member] then -- (its hash is deleted at the end of this call)
     statuses[#statuses + 1] = S.UNKNOWN_RUN
   elseif state ~= 'running' or not same_token(lease_token, ARGV[i + 1]) then
@@ -69,7 +70,7 @@ for n = 1, count do
     history_add(X, Q, status, 1)
     if started then
       history_add(X, Q, 'run_ms', X.now - started)
-      HOOK.charge(X, Q, flow, ta, X.now - started)
+      HOOK.charge(X, level_view(Q, tonumber(level)), flow, ta, X.now - started)
       shares_received(received, Q.B, flow, started, X.now)
     end
     acked[member] = true

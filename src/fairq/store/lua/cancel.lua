@@ -29,7 +29,7 @@ if only ~= '' then arg_word(only, 'state', RUN_STATES) end
 local X = state_new(C, tag)
 local member = env_id .. ':' .. run
 local mkey = run_key(tag, member)
-local queue, ck, state, attempts, ttl_deadline, tenant = run_read_cancel(mkey)
+local queue, ck, state, attempts, ttl_deadline, tenant, level = run_read_cancel(mkey)
 if not state then
   if redis.call('EXISTS', outcome_key(tag, member)) == 1 then return S.ALREADY_FINISHED end
   return S.UNKNOWN_RUN
@@ -49,7 +49,7 @@ if state == 'dlq' then
   write_outcome(X, member, outcome)
   return S.REMOVED_FROM_DLQ
 end
-unqueue_and_refresh(X, Q, flow_of(ck, tenant or ''), run)
+unqueue_and_refresh(X, level_view(Q, tonumber(level)), flow_of(ck, tenant or ''), run)
 if tonumber(ttl_deadline or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
 redis.call('DEL', mkey)
 write_outcome(X, member, outcome)

@@ -1,5 +1,8 @@
 --[[ dequeue.lua: lease ready runs of one environment, across the listed queues.
 
+Priority levels first: the ready runs of level 1 (the highest) are served before any of
+level 2, and so on; inside a level, the order below. A queue that promotes waiting runs
+(max_wait_promote) moves the runs due for it up one level first.
 Gates: env slots < floor(env limit x burst); then, per queue, the queue's total cap,
 rate limit and pause; per key its cap (override, else min(queue limit, env limit)),
 per tenant its cap, per key / tenant their rate limits. Keyless runs of a queue share
@@ -31,6 +34,7 @@ Reply
 --@include config
 --@include order
 --@include order_serve
+--@include aging
 
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
@@ -51,14 +55,18 @@ X.charge_env = charge_env
 local V = env_prefix(tag, env_id)
 local env, by_name = config_read(X, V, env_id, queues)
 if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, -1, 0, {}} end
+for _, q in ipairs(queues) do promote_waiting(X, by_name[q]) end
 
--- the candidates' heads-index entries: ready ones oldest first; the earliest future one
+-- the candidates' heads-index entries (one per queue, kind and level with keys): ready
+-- ones by level, then oldest first; the earliest future one
 local members, meta = {}, {}
 for _, q in ipairs(queues) do
-  for _, kind in ipairs({KIND_QUEUE, KIND_CK}) do
-    if kinds == '' or kinds == kind then
-      members[#members + 1] = heads_member(kind, env_id, q)
-      meta[#meta + 1] = {kind = kind, queue = q}
+  for _, level in ipairs(queue_levels(by_name[q])) do
+    for _, kind in ipairs({KIND_QUEUE, KIND_CK}) do
+      if kinds == '' or kinds == kind then
+        members[#members + 1] = heads_member(kind, env_id, level_name(q, level))
+        meta[#meta + 1] = {kind = kind, queue = q, level = level}
+      end
     end
   end
 end
@@ -78,6 +86,7 @@ for i, m in ipairs(meta) do
   end
 end
 table.sort(ready, function(a, b)
+  if a.level ~= b.level then return a.level < b.level end
   if a.score ~= b.score then return a.score < b.score end
   return a.member < b.member
 end)

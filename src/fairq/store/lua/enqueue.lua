@@ -16,11 +16,12 @@ ARGV
   FIRST_ARG + 2  schedule name ('' = none)   FIRST_ARG + 3  schedule tick (ms)
     with a schedule, the call enqueues only if this tick is later than the schedule's
     last claimed tick (then it becomes the last): exactly once however many callers
-  then 11 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
-    available at (ms, absolute; '' = now + delay), delay (ms), priority (ms, a time
+  then 12 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
+    available at (ms, absolute; '' = now + delay), delay (ms), head start (ms, a time
     credit: the run orders as if this much older), TTL (ms from now, 0 = none),
     payload (JSON), outcome policy ('' | 'keep'), timeout (ms, 0 = none), trace context
-    ('' = none; printable ASCII, at most 512)
+    ('' = none; printable ASCII, at most 512), priority level ('' = the queue's default,
+    its middle level; else 1..the queue's priority_levels, 1 the highest)
 Reply
   {status (OK | NEEDS_FAIR | TICK_TAKEN), size limit in force (0 = none), one status
    per run (ENQUEUED, DUPLICATE, REJECTED_SIZE)}
@@ -30,7 +31,7 @@ Reply
 --@include runs
 --@include order
 
-local FIELDS = 11
+local FIELDS = 12
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
 local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', ARG_RULES.name_length)
@@ -47,12 +48,13 @@ for r = 0, count - 1 do
     id = arg_name(ARGV[i], 'run id', ARG_RULES.name_length),
     ck = ARGV[i + 1], tenant = ARGV[i + 2],
     delay = arg_int(ARGV[i + 4], 'delay_ms', 0, MAX_TIME_MS),
-    priority = arg_int(ARGV[i + 5], 'priority_ms', 0, MAX_TIME_MS),
+    credit = arg_int(ARGV[i + 5], 'head_start_ms', 0, MAX_TIME_MS),
     ttl = arg_int(ARGV[i + 6], 'ttl_ms', 0, MAX_TIME_MS),
     payload = ARGV[i + 7],
     keep = arg_word(ARGV[i + 8], 'outcome policy', ARG_RULES.outcome_policies),
     timeout = arg_int(ARGV[i + 9], 'timeout_ms', 0, MAX_TIME_MS),
     trace = ARGV[i + 10],
+    level = ARGV[i + 11] ~= '' and arg_int(ARGV[i + 11], 'priority', 1, MAX_LEVELS) or nil,
   }
   if run.trace ~= ''
       and (#run.trace > ARG_RULES.trace_context_chars or string.find(run.trace, '[^!-~]')) then
@@ -67,7 +69,7 @@ for r = 0, count - 1 do
   else
     run.available = arg_int(ARGV[i + 3], 'available_at_ms', 0, MAX_TIME_MS)
   end
-  run.score = run.available - run.priority
+  run.score = run.available - run.credit
   run.ttl_deadline = run.ttl > 0 and (C.now + run.ttl) or 0
   if run.ttl_deadline > MAX_TIME_MS then fail('ttl_ms out of range') end
   runs[#runs + 1] = run
@@ -91,6 +93,7 @@ local function run_fields(run)
   if run.keep ~= '' then push_field(fields, field.outcome_policy, run.keep) end
   if run.timeout > 0 then push_field(fields, field.timeout, run.timeout) end
   if run.trace ~= '' then push_field(fields, field.trace, run.trace) end
+  if run.level ~= BASE_LEVEL then push_field(fields, field.level, run.level) end
   return fields
 end
 
@@ -113,6 +116,15 @@ local V = env_prefix(tag, env_id)
 local env, by_name = enqueue_config_read(X, V, env_id, queue, HOOK.enqueue_joins)
 local Q = by_name[queue]
 if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, 0} end
+-- each run's level, checked against the queue's levels (before the first write)
+local default_level = math.floor((Q.priority_levels + 1) / 2)
+for _, run in ipairs(runs) do
+  run.level = run.level or default_level
+  if run.level > Q.priority_levels then
+    fail('priority ' .. run.level .. ' out of range: queue ' .. queue .. ' has '
+      .. Q.priority_levels .. ' levels')
+  end
+end
 if schedule ~= '' then
   local schedules = env_key(V, 'schedules')
   local last = tonumber(redis.call('HGET', schedules, schedule))
@@ -134,7 +146,7 @@ for _, run in ipairs(runs) do
     status = S.DUPLICATE
   elseif checked then
     if size == nil then
-      size = redis.call('ZCARD', queue_key(Q.B, 'queued')) + ck_queued(X, Q.B, V, env_id, queue)
+      size = keyless_queued(Q) + ck_queued(X, Q.B, V, env_id, queue)
     end
     if size + 1 > max_size then status = S.REJECTED_SIZE end
   end
@@ -142,7 +154,10 @@ for _, run in ipairs(runs) do
     status = S.DUPLICATE
   end
   if status == nil then
-    place_queued(X, Q, flow_of(run.ck, run.tenant), run.id, run.score)
+    place_queued(X, level_queue(Q, run.level), flow_of(run.ck, run.tenant), run.id, run.score)
+    if Q.promote_ms and run.level > 1 then
+      redis.call('ZADD', queue_key(Q.B, 'aging'), run.available + Q.promote_ms, run.id)
+    end
     if run.ttl_deadline > 0 then redis.call('ZADD', X.ttl, run.ttl_deadline, member) end
     if size then size = size + 1 end
     status = S.ENQUEUED

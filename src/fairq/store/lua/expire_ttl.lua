@@ -21,11 +21,11 @@ local due = redis.call('ZRANGEBYSCORE', X.ttl, '-inf', X.now, 'LIMIT', 0, batch)
 local reply = {S.OK, 0}
 for _, member in ipairs(due) do
   local mkey = run_key(tag, member)
-  local queue, ck, state, attempts, tenant = run_read_expire_ttl(mkey)
+  local queue, ck, state, attempts, tenant, level = run_read_expire_ttl(mkey)
   if queue and state == 'queued' then
     local env_id, run = split_member(member)
     local Q = run_queue(X, env_id, queue)
-    unqueue_and_refresh(X, Q, flow_of(ck, tenant or ''), run)
+    unqueue_and_refresh(X, level_view(Q, tonumber(level)), flow_of(ck, tenant or ''), run)
     expire_run(X, Q, ck, run, member, tonumber(attempts))
     reply[2] = reply[2] + 1
     reply[#reply + 1] = member

@@ -49,7 +49,7 @@ local traceback = ARGV[FIRST_ARG + 8] or ''
 local X = state_new(C, tag)
 local mkey = run_key(tag, member)
 local queue, ck, state, lease_token, attempts, slot_tenant, tenant, lease_start,
-  cancel_requested = run_read_nack(mkey)
+  cancel_requested, level = run_read_nack(mkey)
 if not queue then return {S.UNKNOWN_RUN, 0} end
 if state ~= 'running' or not same_token(lease_token, token) then return {S.LEASE_LOST, 0} end
 local Q = run_queue(X, env_id, queue)
@@ -59,7 +59,8 @@ local flow = flow_of(ck, ta)
 free_slots(X, Q, flow, run, ta)
 X.lease_del[#X.lease_del + 1] = member
 local started = tonumber(lease_start)
-if started then HOOK.charge(X, Q, flow, ta, X.now - started) end
+level = tonumber(level)
+if started then HOOK.charge(X, level_view(Q, level), flow, ta, X.now - started) end
 local received = {}
 shares_received(received, Q.B, flow, started, X.now)
 local status
@@ -86,7 +87,7 @@ else
   redis.call('HSET', mkey, RUN_FIELD.attempts, attempt, RUN_FIELD.state, 'queued',
     RUN_FIELD.score, retry_at, RUN_FIELD.error, error_text,
     RUN_FIELD.traceback, traceback, RUN_FIELD.slot_tenant, '')
-  place_queued(X, Q, flow_of(ck, tenant or ''), run, retry_at)
+  place_queued(X, level_queue(Q, level), flow_of(ck, tenant or ''), run, retry_at)
   if increment > 0 then history_add(X, Q, 'retried', 1) end
   status = S.REQUEUED
 end

@@ -29,7 +29,7 @@ for _, member in ipairs(lapsed) do
   X.lease_del[#X.lease_del + 1] = member
   local mkey = run_key(tag, member)
   local queue, ck, state, score, slot_tenant, tenant, lease_start, cancel_requested,
-    attempts = run_read_reclaim(mkey)
+    attempts, level = run_read_reclaim(mkey)
   if queue and state == 'running' then
     local env_id, run = split_member(member)
     local Q = run_queue(X, env_id, queue)
@@ -37,7 +37,10 @@ for _, member in ipairs(lapsed) do
     free_slots(X, Q, flow, run, slot_tenant or '')
     -- the lapsed lease is charged the time it held its slot, like a finished run
     local started = tonumber(lease_start)
-    if started then HOOK.charge(X, Q, flow, slot_tenant or '', X.now - started) end
+    level = tonumber(level)
+    if started then
+      HOOK.charge(X, level_view(Q, level), flow, slot_tenant or '', X.now - started)
+    end
     shares_received(received, Q.B, flow, started, X.now)
     if cancel_requested then
       end_cancelled(X, Q, member, run, {ck = ck, tenant = tenant,
@@ -45,7 +48,7 @@ for _, member in ipairs(lapsed) do
         started = started, error = ''})
     else
       redis.call('HSET', mkey, RUN_FIELD.state, 'queued', RUN_FIELD.slot_tenant, '')
-      place_queued(X, Q, flow_of(ck, tenant or ''), run, tonumber(score))
+      place_queued(X, level_queue(Q, level), flow_of(ck, tenant or ''), run, tonumber(score))
       reply[2] = reply[2] + 1
       reply[#reply + 1] = member
     end

@@ -20,14 +20,14 @@ local run = arg_name(ARGV[FIRST_ARG + 1], 'run id', ARG_RULES.name_length)
 local X = state_new(C, tag)
 local member = env_id .. ':' .. run
 local mkey = run_key(tag, member)
-local queue, ck, state, tenant = run_read_redrive(mkey)
+local queue, ck, state, tenant, level = run_read_redrive(mkey)
 if state ~= 'dlq' then return S.NOT_IN_DLQ end
 local Q = run_queue(X, env_id, queue)
 redis.call('ZREM', env_key(Q.V, 'dlq'), run)
 redis.call('HSET', mkey, RUN_FIELD.attempts, 0, RUN_FIELD.state, 'queued',
   RUN_FIELD.score, X.now)
 redis.call('HDEL', mkey, RUN_FIELD.cancel_requested, RUN_FIELD.progress)
-place_queued(X, Q, flow_of(ck, tenant or ''), run, X.now)
+place_queued(X, level_queue(Q, tonumber(level)), flow_of(ck, tenant or ''), run, X.now)
 X.wake = true
 HOOK.finish(X)
 state_flush(X)

@@ -77,11 +77,11 @@ local function claim(X, Q, flow, limit, lease_ms, out, max_score, tie_ok)
     touch(X, Q, KIND_QUEUE)
     -- the keyless queue's new head is known: the heads index needs no read
     X.head_known = X.head_known or {}
-    X.head_known[Q.B] = head or false
+    X.head_known[Q.OB] = head or false
   else
     if removed > 0 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -removed) end
     touch(X, Q, KIND_CK)
-    ck_index_set(X, Q.B, flow, head or false)
+    ck_index_set(X, Q.OB, flow, head or false)
   end
   if delivered > 0 then
     history_add(X, Q, 'served', delivered)

@@ -29,7 +29,7 @@ local function queue_config(X, env, name, raw, offset)
   end
   local default_per_key = C.default_max_per_key
   if default_per_key ~= nil and default_per_key <= 0 then default_per_key = nil end
-  return {
+  return level_base({
     name = name, env = env, env_id = env.env_id, V = env.V,
     B = queue_prefix(X.tag, env.env_id, name),
     concurrency = q.concurrency,
@@ -55,7 +55,10 @@ local function queue_config(X, env, name, raw, offset)
     join = q.join or e.join or C.default_join,
     arrival_cap = q.arrival_cap or e.arrival_cap or C.default_arrival_cap,
     charge = q.charge or e.charge or C.default_charge,
-  }
+    priority_levels = q.priority_levels or DEFAULT_PRIORITY_LEVELS,
+    promote_ms = q.max_wait_promote and math.floor(q.max_wait_promote * 1000 + 0.5) or nil,
+    levels = q.levels or 0,
+  })
 end
 
 -- The HMGET fields of the environment and the listed queues, built once per list of

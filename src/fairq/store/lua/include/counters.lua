@@ -11,8 +11,11 @@
 
 local function queued_truth(B)
   local total = 0
-  for _, ck in ipairs(redis.call('ZRANGE', queue_key(B, 'ck_index'), 0, -1)) do
-    total = total + redis.call('ZCARD', variant_key(B, ck, 'queued'))
+  for level = 1, MAX_LEVELS do -- every priority level's keyed flows (most have none)
+    local OB = level_name(B, level)
+    for _, ck in ipairs(redis.call('ZRANGE', queue_key(OB, 'ck_index'), 0, -1)) do
+      total = total + redis.call('ZCARD', variant_key(OB, ck, 'queued'))
+    end
   end
   return total
 end

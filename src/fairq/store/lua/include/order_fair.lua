@@ -20,21 +20,25 @@
 -- whose default tenant it is (a key serving as its own tenant, or a queue's keyless
 -- runs): then the pair is the flow and needs no key set.
 -- Queues whose order is age are served by serve_age.lua even in this build.
---@require state config runs
+--@require state config runs levels
 
 -- ------------------------------------------------------------------ reading state
 
 -- Give a queue context read from a run its config (for hooks of run-based scripts).
+-- (A level's view reads them through from its base queue.)
 local function queue_conf(X, Q)
   if Q.order ~= nil then return Q end
+  local base = Q.base or Q
   X.qconf = X.qconf or {}
-  local known = X.qconf[Q.B]
+  local known = X.qconf[base.B]
   if known == nil then
-    local _, by_name = config_read(X, Q.V, Q.env_id, {Q.name})
-    known = by_name[Q.name]
-    X.qconf[Q.B] = known
+    local _, by_name = config_read(X, base.V, base.env_id, {base.name})
+    known = by_name[base.name]
+    X.qconf[base.B] = known
   end
-  for k, v in pairs(known) do Q[k] = v end
+  for k, v in pairs(known) do
+    if k ~= 'views' then base[k] = v end
+  end
   return Q
 end
 
@@ -55,10 +59,10 @@ local function has_park(X, Q)
   if Q.order ~= nil then
     if not Q.parked then return false end
   else
-    local read = X.qcharge and X.qcharge[Q.B] -- the flag, if charges_duration read it
+    local read = X.qcharge and X.qcharge[Q.OB] -- the flag, if charges_duration read it
     if read and not read.parked then return false end
   end
-  return cached_exists(X, 'hpark', queue_key(Q.B, 'parked_due'))
+  return cached_exists(X, 'hpark', queue_key(Q.OB, 'parked_due'))
 end
 
 --- Pruning tags below the floor and refreshing the state's TTL happen when the floor
@@ -87,10 +91,10 @@ end
 
 -- A tenant's weight: its own (V:tw), else, for a key serving as its own tenant, the
 -- key's weight in this queue (B:ckweights), else 1.
-local function tenant_weights(X, V, Q, tenants, simple_keys)
+local function tenant_weights(X, Q, tenants, simple_keys)
   local out = {}
   if Q.tenants_weighted and #tenants > 0 then
-    local raw = call_list('HMGET', env_key(V, 'tenant_weights'), tenants)
+    local raw = call_list('HMGET', env_key(Q.V, 'tenant_weights'), tenants)
     for i, t in ipairs(tenants) do out[t] = tonumber(raw[i]) end
   end
   if #simple_keys > 0 and Q.weighted then
@@ -124,7 +128,7 @@ end
 -- `raw` is its score when the caller read it (false: known missing; nil: not read).
 local function key_floor(X, Q, tenant, keys_key, raw)
   X.kfloor = X.kfloor or {}
-  local id = Q.B .. '|' .. tenant
+  local id = Q.OB .. '|' .. tenant
   local f = X.kfloor[id]
   if f == nil then
     if raw == nil then raw = redis.call('ZSCORE', keys_key, FLOOR_MEMBER) end
@@ -144,7 +148,7 @@ end
 -- does not know them).
 local function keys_added(X, Q, tenant)
   X.kadded = X.kadded or {}
-  X.kadded[Q.B .. '|' .. tenant] = true
+  X.kadded[Q.OB .. '|' .. tenant] = true
 end
 
 -- Whether a key set holds any key (beside its floor member).
@@ -168,22 +172,22 @@ end
 
 local function is_parked(X, Q, member)
   if not has_park(X, Q) then return false end
-  return redis.call('HEXISTS', queue_key(Q.B, 'parked'), member) == 1
+  return redis.call('HEXISTS', queue_key(Q.OB, 'parked'), member) == 1
 end
 
 -- Register a tenant in queue Q (no-op when it is there or parked).
 local function register_pair(X, Q, tenant)
-  local tq = queue_key(Q.B, 'ready_tenants')
+  local tq = queue_key(Q.OB, 'ready_tenants')
   if redis.call('ZSCORE', tq, tenant) then return end
   if is_parked(X, Q, 't:' .. tenant) then return end
-  redis.call('ZADD', tq, tenant_join(X, Q.V, tenant), tenant)
+  redis.call('ZADD', tq, tenant_join(X, Q.OV, tenant), tenant)
   redis.call('EXPIRE', tq, X.C.state_ttl)
 end
 
 -- Register a key inside its (named) tenant in queue Q. Returns its tag there (nil when
 -- it is parked).
 local function register_key(X, Q, tenant, flow)
-  local kk = tenant_key(Q.B, tenant, 'keys')
+  local kk = tenant_key(Q.OB, tenant, 'keys')
   local got = redis.call('ZMSCORE', kk, flow, FLOOR_MEMBER, tenant)
   if got[1] then return tonumber(got[1]) end
   if is_parked(X, Q, 'k:' .. flow) then return nil end
@@ -191,7 +195,7 @@ local function register_key(X, Q, tenant, flow)
   local args = {}
   ck_index_flush(X)
   if tenant ~= flow and not got[3]
-      and redis.call('ZSCORE', queue_key(Q.B, 'ck_index'), tenant) then
+      and redis.call('ZSCORE', queue_key(Q.OB, 'ck_index'), tenant) then
     -- a key named as the tenant serves as its own tenant here: it joins the key set
     args = {kf.value, tenant}
   end
@@ -215,21 +219,21 @@ local function unpark(X, Q, member, value)
   local tag = tonumber(string.sub(value, 3)) or 0
   local kind, name = string.sub(member, 1, 1), string.sub(member, 3)
   if kind == 't' then
-    redis.call('ZADD', queue_key(Q.B, 'ready_tenants'), 'NX', tag, name)
-    redis.call('EXPIRE', queue_key(Q.B, 'ready_tenants'), X.C.state_ttl)
+    redis.call('ZADD', queue_key(Q.OB, 'ready_tenants'), 'NX', tag, name)
+    redis.call('EXPIRE', queue_key(Q.OB, 'ready_tenants'), X.C.state_ttl)
   else
     local named = flow_tenant(name)
     local tenant = default_tenant(Q.name, name)
     if named then
-      local kk = tenant_key(Q.B, tenant, 'keys')
+      local kk = tenant_key(Q.OB, tenant, 'keys')
       redis.call('ZADD', kk, 'NX', tag, name)
       redis.call('EXPIRE', kk, X.C.state_ttl)
       keys_added(X, Q, tenant)
     end
     register_pair(X, Q, tenant)
   end
-  redis.call('HDEL', queue_key(Q.B, 'parked'), member)
-  redis.call('ZREM', queue_key(Q.B, 'parked_due'), member)
+  redis.call('HDEL', queue_key(Q.OB, 'parked'), member)
+  redis.call('ZREM', queue_key(Q.OB, 'parked_due'), member)
 end
 
 -- ------------------------------------------------------------------ hooks
@@ -243,7 +247,7 @@ HOOK.flow_queued = function(X, Q, flow, score, is_new)
   local default = default_tenant(Q.name, flow)
   if not is_new then
     if has_park(X, Q) then
-      local due = queue_key(Q.B, 'parked_due')
+      local due = queue_key(Q.OB, 'parked_due')
       redis.call('ZADD', due, 'XX', 'LT', score, 'k:' .. flow)
       redis.call('ZADD', due, 'XX', 'LT', score, 't:' .. default)
     end
@@ -263,29 +267,29 @@ HOOK.flow_drained = function(X, Q, flow)
   local tenant = flow_tenant(flow)
   local default = default_tenant(Q.name, flow)
   if tenant == nil then
-    redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), default)
+    redis.call('ZREM', queue_key(Q.OB, 'ready_tenants'), default)
     if has_park(X, Q) then
-      redis.call('HDEL', queue_key(Q.B, 'parked'), 't:' .. default)
-      redis.call('ZREM', queue_key(Q.B, 'parked_due'), 't:' .. default)
+      redis.call('HDEL', queue_key(Q.OB, 'parked'), 't:' .. default)
+      redis.call('ZREM', queue_key(Q.OB, 'parked_due'), 't:' .. default)
     end
     return
   end
-  local kk = tenant_key(Q.B, tenant, 'keys')
+  local kk = tenant_key(Q.OB, tenant, 'keys')
   redis.call('ZREM', kk, flow)
   if has_park(X, Q) then
-    redis.call('HDEL', queue_key(Q.B, 'parked'), 'k:' .. flow)
-    redis.call('ZREM', queue_key(Q.B, 'parked_due'), 'k:' .. flow)
+    redis.call('HDEL', queue_key(Q.OB, 'parked'), 'k:' .. flow)
+    redis.call('ZREM', queue_key(Q.OB, 'parked_due'), 'k:' .. flow)
   end
-  if not keys_left(kk) then redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant) end
+  if not keys_left(kk) then redis.call('ZREM', queue_key(Q.OB, 'ready_tenants'), tenant) end
 end
 
 -- A slot of `flow` (counted under named tenant `ta`, '' = none) was freed: what its
 -- cap held back may compete again.
-HOOK.slot_freed = function(X, Q, flow, ta)
+local function slot_freed_at(X, Q, flow, ta)
   if not has_park(X, Q) then return end
   local tenant = (ta ~= nil and ta ~= '') and ta or default_tenant(Q.name, flow)
   local members = {'k:' .. flow, 't:' .. tenant}
-  local values = redis.call('HMGET', queue_key(Q.B, 'parked'), members[1], members[2])
+  local values = redis.call('HMGET', queue_key(Q.OB, 'parked'), members[1], members[2])
   for i, member in ipairs(members) do
     if values[i] and string.sub(values[i], 1, 1) == 'c' then unpark(X, Q, member, values[i]) end
   end
@@ -298,14 +302,16 @@ end
 local function charges_duration(X, Q)
   if Q.order ~= nil then return Q.order == 'fair' and Q.charge == 'duration' end
   X.qcharge = X.qcharge or {}
-  local read = X.qcharge[Q.B]
+  local read = X.qcharge[Q.OB]
   if read == nil then
     local raw = redis.call('HMGET', env_key(Q.V, 'config'), config_field(Q.name, 'order'),
-      config_field(Q.name, 'charge'), 'order', 'charge', config_field(Q.name, 'parked'))
+      config_field(Q.name, 'charge'), 'order', 'charge', config_field(Q.oname, 'parked'),
+      config_field(Q.name, 'levels'))
     local order = raw[1] or raw[3] or X.C.default_order
     local charge = raw[2] or raw[4] or X.C.default_charge
     read = {duration = order == 'fair' and charge == 'duration', parked = raw[5] ~= false}
-    X.qcharge[Q.B] = read
+    X.qcharge[Q.OB] = read
+    if Q.levels == nil then Q.levels = tonumber(raw[6]) or 0 end
   end
   return read.duration
 end
@@ -319,21 +325,30 @@ HOOK.charge = function(X, Q, flow, ta, duration_ms)
   if delta == 0 then return end
   local simple = {}
   if tenant == flow then simple = {flow} end
-  local weight = tenant_weights(X, Q.V, Q, {tenant}, simple)[tenant] or 1
-  local tt = env_key(Q.V, 'tenant_tags')
+  local weight = tenant_weights(X, Q, {tenant}, simple)[tenant] or 1
+  local tt = env_key(Q.OV, 'tenant_tags')
   local tag = tonumber(redis.call('ZSCORE', tt, tenant))
   if tag ~= nil then
     tag = tag + delta / weight
     redis.call('ZADD', tt, tag, tenant)
-    redis.call('ZADD', queue_key(Q.B, 'ready_tenants'), 'XX', tag, tenant)
+    redis.call('ZADD', queue_key(Q.OB, 'ready_tenants'), 'XX', tag, tenant)
   end
   if flow_tenant(flow) then
-    local kk = tenant_key(Q.B, tenant, 'keys')
+    local kk = tenant_key(Q.OB, tenant, 'keys')
     local ktag = tonumber(redis.call('ZSCORE', kk, flow))
     if ktag ~= nil then
       redis.call('ZADD', kk, 'XX', ktag + delta / key_weight(X, Q, flow), flow)
     end
   end
+end
+
+-- A slot was freed (see slot_freed_at). A cap holds across levels: what it held back at
+-- any level may compete again. (The few config fields charges_duration reads say which
+-- levels the queue has, when the script has not read its config.)
+HOOK.slot_freed = function(X, Q, flow, ta)
+  local base = Q.base or Q
+  if base.order == nil then charges_duration(X, base) end
+  for _, level in ipairs(queue_levels(base)) do slot_freed_at(X, level_view(base, level), flow, ta) end
 end
 
 HOOK.finish = function(X) end

@@ -43,25 +43,25 @@ do
   -- Park a member: 'c:' (held back by a cap; back on a freed slot) or 'd:' (held back
   -- by time; back when `due`).
   function E.park(X, Q, member, tag, due)
-    redis.call('HSET', queue_key(Q.B, 'parked'), member, (due and 'd:' or 'c:') .. exact(tag))
-    redis.call('ZADD', queue_key(Q.B, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
+    redis.call('HSET', queue_key(Q.OB, 'parked'), member, (due and 'd:' or 'c:') .. exact(tag))
+    redis.call('ZADD', queue_key(Q.OB, 'parked_due'), due or (X.now + CAP_RECHECK_MS), member)
     X.hpark = X.hpark or {}
-    X.hpark[queue_key(Q.B, 'parked_due')] = true
+    X.hpark[queue_key(Q.OB, 'parked_due')] = true
     if not Q.parked then
-      redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.name, 'parked'), 1)
+      redis.call('HSET', env_key(Q.V, 'config'), config_field(Q.oname, 'parked'), 1)
       Q.parked = true
     end
     X.parked_now = true
   end
 
   function E.park_pair(X, Q, tenant, tag, due)
-    redis.call('ZREM', queue_key(Q.B, 'ready_tenants'), tenant)
+    redis.call('ZREM', queue_key(Q.OB, 'ready_tenants'), tenant)
     E.park(X, Q, 't:' .. tenant, tag, due)
   end
 
   -- (The caller takes the tenant out of B:tq when this left its key set without keys.)
   function E.park_key(X, Q, tenant, flow, tag, due)
-    redis.call('ZREM', tenant_key(Q.B, tenant, 'keys'), flow)
+    redis.call('ZREM', tenant_key(Q.OB, tenant, 'keys'), flow)
     E.park(X, Q, 'k:' .. flow, tag, due)
   end
 
@@ -74,19 +74,19 @@ do
   -- time gate still closed tells the caller when to come back (R.wait).
   function E.promote_due(X, Q, R)
     if not has_park(X, Q) then return end
-    local dk = queue_key(Q.B, 'parked_due')
+    local dk = queue_key(Q.OB, 'parked_due')
     for _ = 1, 8 do
       local first = redis.call('ZRANGE', dk, 0, DUE_PEEK - 1, 'WITHSCORES')
       if #first == 0 then
         -- nothing parked any more: later scripts need not look
-        redis.call('HDEL', env_key(Q.V, 'config'), config_field(Q.name, 'parked'))
+        redis.call('HDEL', env_key(Q.V, 'config'), config_field(Q.oname, 'parked'))
         Q.parked = false
         X.hpark[dk] = false
         return
       end
       local members = {}
       for i = 1, #first, 2 do members[#members + 1] = first[i] end
-      local values = call_list('HMGET', queue_key(Q.B, 'parked'), members)
+      local values = call_list('HMGET', queue_key(Q.OB, 'parked'), members)
       local all_due = true
       for i, member in ipairs(members) do
         local at = tonumber(first[2 * i])
@@ -128,9 +128,10 @@ do
   -- The state of one fair serve: one dequeue call over the fair queues of one environment.
   -- Every phase below is a function of this record (and of X, the script's state); its
   -- fields are all declared here, none is nil, and a read or write of any other fails.
-  function E.serve_state(X, env, queues, heads, budget, lease_ms, out, R)
+  function E.serve_state(X, env, level, queues, heads, budget, lease_ms, out, R)
     return setmetatable({
-      X = X, V = env.V, queues = queues,
+      X = X, queues = queues,
+      V = level_name(env.V, level), -- the prefix of the level's tenant tags (V:tt)
       heads = heads,       -- queue name -> its ready keyless head (or nil)
       budget = budget, lease_ms = lease_ms, out = out, R = R,
       by_id = {},          -- B -> tenant -> its pair {Q, T, tie, active, ten, keys...}
@@ -148,15 +149,15 @@ do
   end
 
   function E.pair_at(F, Q, T)
-    local of_queue = F.by_id[Q.B]
+    local of_queue = F.by_id[Q.OB]
     return of_queue and of_queue[T]
   end
 
   function E.pair_of(F, Q, T, copy)
-    local of_queue = F.by_id[Q.B]
+    local of_queue = F.by_id[Q.OB]
     if of_queue == nil then
       of_queue = {}
-      F.by_id[Q.B] = of_queue
+      F.by_id[Q.OB] = of_queue
     end
     local p = of_queue[T]
     if p == nil then
@@ -188,12 +189,12 @@ do
   function E.drop_pair(p)
     p.active = false
     p.dropped = true
-    redis.call('ZREM', queue_key(p.Q.B, 'ready_tenants'), p.T)
+    redis.call('ZREM', queue_key(p.Q.OB, 'ready_tenants'), p.T)
   end
 
   -- Whether every key of a pair's (fully loaded) key set left it in this call.
   function E.pair_emptied(X, p)
-    if not p.complete or (X.kadded and X.kadded[p.Q.B .. '|' .. p.T]) then return false end
+    if not p.complete or (X.kadded and X.kadded[p.Q.OB .. '|' .. p.T]) then return false end
     for _, k in ipairs(p.keys) do
       if not k.gone then return false end
     end
@@ -205,18 +206,18 @@ do
   -- Whether queue Q can serve in this call (its total cap and queue rate leave room).
   function E.queue_open(F, Q)
     local X, R = F.X, F.R
-    if F.qdone[Q.B] or Q.paused then return false end
+    if F.qdone[Q.OB] or Q.paused then return false end
     if total_room(X, Q) <= 0 then
       R.gated = true
-      F.qdone[Q.B] = true
+      F.qdone[Q.OB] = true
     elseif Q.rate then
       local whole, at = bucket_peek(X, bucket(X, Q, 'q', Q.rate, Q.rate_burst))
       if whole <= 0 then
         wait_until(R, at)
-        F.qdone[Q.B] = true
+        F.qdone[Q.OB] = true
       end
     end
-    return not F.qdone[Q.B]
+    return not F.qdone[Q.OB]
   end
 
   -- The queue's longest-waiting ready heads, and its keyless head: the flows and their
@@ -225,7 +226,7 @@ do
   function E.discover_heads(F, Q, width)
     local X = F.X
     ck_index_flush(X)
-    local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
+    local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.OB, 'ck_index'), '-inf', X.now,
       'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * F.budget))
     local flows, found = {}, {} -- found[i]: the head of flows[i]
     for i = 1, #disc, 2 do
@@ -257,7 +258,7 @@ do
       end
     end
     if #unknown == 0 then return end
-    local scores = call_list('ZMSCORE', queue_key(Q.B, 'ready_tenants'), unknown)
+    local scores = call_list('ZMSCORE', queue_key(Q.OB, 'ready_tenants'), unknown)
     for i, T in ipairs(unknown) do
       local at = unknown_at[i]
       local flow = flows[at]
@@ -265,7 +266,7 @@ do
       if score == nil and not is_parked(X, Q, 'k:' .. flow) and not is_parked(X, Q, 't:' .. T) then
         if flow_tenant(flow) then register_key(X, Q, T, flow) end
         register_pair(X, Q, T)
-        score = tonumber(redis.call('ZSCORE', queue_key(Q.B, 'ready_tenants'), T))
+        score = tonumber(redis.call('ZSCORE', queue_key(Q.OB, 'ready_tenants'), T))
       end
       if score ~= nil then E.note_head(E.pair_of(F, Q, T, score), flow, found[at]) end
     end
@@ -295,7 +296,7 @@ do
         floor_load(X, V, auth[n + 1])
         names[n + 1] = nil
       end
-      local weights = tenant_weights(X, V, F.queues[1], names, {})
+      local weights = tenant_weights(X, F.queues[1], names, {})
       for i, T in ipairs(names) do
         ten[T] = {tag = tonumber(auth[i]), weight = weights[T], touched = false}
       end
@@ -306,13 +307,13 @@ do
         local p = plist[i]
         local t = ten[p.T]
         if t.weight == nil and p.Q.weighted and string.sub(p.T, 1, 1) ~= '/' then
-          local list = by_queue[p.Q.B] or {Q = p.Q, keys = {}}
-          by_queue[p.Q.B] = list
+          local list = by_queue[p.Q.OB] or {Q = p.Q, keys = {}}
+          by_queue[p.Q.OB] = list
           list.keys[#list.keys + 1] = p.T
         end
       end
       for _, list in pairs(by_queue) do
-        local w = tenant_weights(X, V, list.Q, {}, list.keys)
+        local w = tenant_weights(X, list.Q, {}, list.keys)
         for _, k in ipairs(list.keys) do
           if ten[k].weight == nil then ten[k].weight = w[k] end
         end
@@ -338,7 +339,7 @@ do
       if E.queue_open(F, Q) then
         E.promote_due(F.X, Q, F.R)
         local width = F.budget * Q.window
-        local win = redis.call('ZRANGE', queue_key(Q.B, 'ready_tenants'), 0, width - 1,
+        local win = redis.call('ZRANGE', queue_key(Q.OB, 'ready_tenants'), 0, width - 1,
           'WITHSCORES')
         for i = 1, #win, 2 do E.pair_of(F, Q, win[i], tonumber(win[i + 1])) end
         E.adopt_discovered(F, Q, E.discover_heads(F, Q, width))
@@ -359,7 +360,7 @@ do
       p.simple = true
       return
     end
-    local kk = tenant_key(Q.B, p.T, 'keys')
+    local kk = tenant_key(Q.OB, p.T, 'keys')
     local width = math.max(F.budget + 8, KEYS_LOADED)
     local entries = redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
     local n = #entries
@@ -512,7 +513,7 @@ do
   end
 
   function E.live(F, p)
-    return p.active and not F.qdone[p.Q.B]
+    return p.active and not F.qdone[p.Q.OB]
   end
 
   function E.fresh(p)
@@ -595,7 +596,7 @@ do
     if park_why then
       E.park_key(F.X, p.Q, p.T, kc.flow, kc.tag, due)
     else
-      redis.call('ZREM', tenant_key(p.Q.B, p.T, 'keys'), kc.flow)
+      redis.call('ZREM', tenant_key(p.Q.OB, p.T, 'keys'), kc.flow)
     end
     if E.pair_emptied(F.X, p) then E.drop_pair(p) end
   end
@@ -605,7 +606,7 @@ do
   function E.hold_back(F, p, kc, flow, named, why, next_at)
     local Q = p.Q
     if why == 'total' or why == 'rate:queue' then
-      F.qdone[Q.B] = true
+      F.qdone[Q.OB] = true
     elseif (why == 'key' or why == 'tenant')
         and not E.holds_slot(F.X, Q, flow, p.T, named, why) then
       -- a cap at or below 0 holds it back: no slot of it can free, so it is not parked
@@ -774,8 +775,8 @@ do
     end
     for _, p in ipairs(F.plist) do
       if p.ten.touched and not p.dropped then
-        local args = by_queue[p.Q.B] or {}
-        by_queue[p.Q.B] = args
+        local args = by_queue[p.Q.OB] or {}
+        by_queue[p.Q.OB] = args
         args[#args + 1] = p.ten.tag
         args[#args + 1] = p.T
       end
@@ -804,7 +805,7 @@ do
         kf.dirty = false
       end
       if #args > 0 then
-        local kk = tenant_key(p.Q.B, p.T, 'keys')
+        local kk = tenant_key(p.Q.OB, p.T, 'keys')
         call_chunked('ZADD', kk, args)
         if tick then redis.call('EXPIRE', kk, F.X.C.state_ttl) end
       end
@@ -821,13 +822,14 @@ do
     E.write_key_tags(F, tick)
   end
 
-  -- The fair queues of one environment, served in one SFQ order over (tenant, queue)
-  -- pairs: gather and serve rounds (a round that parks gated candidates may uncover others
-  -- behind them: gather again while rounds park, bounded, so keys at their cap cannot hide
-  -- servable ones), then borrowing, then the write-back. `heads` maps a queue name to its
-  -- ready keyless head (or nil). Returns the runs served.
-  function E.fair_serve(X, env, queues, heads, budget, lease_ms, out, R)
-    local F = E.serve_state(X, env, queues, heads, budget, lease_ms, out, R)
+  -- The fair queues of one environment at one priority level, served in one SFQ order
+  -- over (tenant, queue) pairs: gather and serve rounds (a round that parks gated
+  -- candidates may uncover others behind them: gather again while rounds park, bounded, so
+  -- keys at their cap cannot hide servable ones). `heads` maps a queue name to its ready
+  -- keyless head (or nil). Returns the serve state (borrowing and the write-back come
+  -- after every level: fair_finish).
+  function E.fair_serve(X, env, level, queues, heads, budget, lease_ms, out, R)
+    local F = E.serve_state(X, env, level, queues, heads, budget, lease_ms, out, R)
     local parked_any = false
     for round = 1, MAX_ROUNDS do
       X.parked_now = false
@@ -839,9 +841,18 @@ do
     -- still nothing served but candidates were parked: more may lie behind them, so the
     -- caller should come back at once rather than sleep
     if F.served == 0 and parked_any then wait_until(R, X.now) end
+    return F
+  end
+
+  -- After every level was served: borrowing (capped keys take the slots nobody else
+  -- could use, `room` left in the call) and the write-back of one level's serve state.
+  -- Returns the runs borrowed.
+  function E.fair_finish(F, room)
+    local before = F.served
+    F.budget = before + room
     E.borrow_idle_slots(F)
     E.write_back(F)
-    return F.served
+    return F.served - before
   end
 
   -- The environment's place in the fair order across the environments of its shard.
@@ -860,23 +871,35 @@ do
     redis.call('EXPIRE', etag, X.C.state_ttl)
   end
 
-  -- Serve the ready heads of one environment: the fair queues together in one SFQ order
-  -- (placed where their oldest head is), the age-order queues as in the age order.
+  -- Serve the ready heads of one environment: level by level, the fair queues of a level
+  -- together in one SFQ order (placed where their oldest head is), the age-order queues
+  -- as in the age order; then the fair levels' borrowing and write-back.
   HOOK.serve = function(X, env, by_name, ready, budget, lease_ms, out, R)
-    local fair, seen, heads = {}, {}, {}
+    local fair, heads = {}, {}  -- level -> its fair queue views; level -> queue -> head
     for _, entry in ipairs(ready) do
       local Q = by_name[entry.queue]
       if Q.order == 'fair' then
-        if not seen[Q.name] then
-          seen[Q.name] = true
-          fair[#fair + 1] = Q
+        local level = entry.level
+        if fair[level] == nil then fair[level], heads[level] = {}, {} end
+        local of_level = heads[level]
+        if of_level[Q.name] == nil then
+          of_level[Q.name] = false
+          fair[level][#fair[level] + 1] = level_view(Q, level)
         end
-        if entry.kind == KIND_QUEUE then heads[Q.name] = entry.score end
+        if entry.kind == KIND_QUEUE then of_level[Q.name] = entry.score end
       end
     end
-    local served, fair_done = serve_entries(X, by_name, ready, budget, lease_ms, out, R,
-      function(room) return E.fair_serve(X, env, fair, heads, room, lease_ms, out, R) end)
-    if fair_done then E.env_charge(X, env, served) end
+    local states = {}
+    local served, fair_any = serve_entries(X, by_name, ready, budget, lease_ms, out, R,
+      function(level, room)
+        local of_level = {}
+        for name, head in pairs(heads[level]) do if head then of_level[name] = head end end
+        local F = E.fair_serve(X, env, level, fair[level], of_level, room, lease_ms, out, R)
+        states[#states + 1] = F
+        return F.served
+      end)
+    for _, F in ipairs(states) do served = served + E.fair_finish(F, budget - served) end
+    if fair_any then E.env_charge(X, env, served) end
     return served
   end
 end

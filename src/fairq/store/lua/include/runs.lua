@@ -7,7 +7,7 @@
 -- KEYLESS_FLOW for the keyless runs of no named tenant. Every flow but KEYLESS_FLOW is
 -- a variant (its own queued set, listed in the queue's ck_index); the keyless flows
 -- (KEYLESS_FLOW and 'N/') share the queue's keyless slots, the others have their own.
---@require state counters
+--@require state counters levels
 
 -- The tenant a flow's runs belong to: its named tenant, else its key, or, for the
 -- keyless runs of no named tenant, the queue itself ('/<queue>': no encoded name starts
@@ -19,8 +19,8 @@ end
 
 -- The queued set of a flow, and the set of the slots its runs hold.
 local function flow_queued_key(Q, flow)
-  if flow == KEYLESS_FLOW then return queue_key(Q.B, 'queued') end
-  return variant_key(Q.B, flow, 'queued')
+  if flow == KEYLESS_FLOW then return queue_key(Q.OB, 'queued') end
+  return variant_key(Q.OB, flow, 'queued')
 end
 
 local function flow_slots_key(Q, flow)
@@ -29,15 +29,15 @@ local function flow_slots_key(Q, flow)
 end
 
 local function touch(X, Q, kind)
-  local id = Q.B .. '|' .. kind
+  local id = Q.OB .. '|' .. kind
   local touched = X.touched
-  if touched[id] == nil then touched[id] = {Q.B, Q.env_id, Q.name, kind} end
+  if touched[id] == nil then touched[id] = {Q.OB, Q.env_id, Q.oname, kind} end
 end
 
 -- Put a heads-index member at `score` if it is new or older than its current head.
 -- Returns 'new', 'lower' or nil.
 local function heads_place(X, Q, kind, score)
-  local member = heads_member(kind, Q.env_id, Q.name)
+  local member = heads_member(kind, Q.env_id, Q.oname)
   local current = tonumber(redis.call('ZSCORE', X.heads, member))
   if current == nil then
     redis.call('ZADD', X.heads, score, member)
@@ -112,8 +112,8 @@ end
 -- Returns 1 if it was added.
 local function place_queued(X, Q, flow, run, score)
   if flow == KEYLESS_FLOW then
-    if X.head_known then X.head_known[Q.B] = nil end
-    local added = redis.call('ZADD', queue_key(Q.B, 'queued'), score, run)
+    if X.head_known then X.head_known[Q.OB] = nil end
+    local added = redis.call('ZADD', queue_key(Q.OB, 'queued'), score, run)
     local change = heads_place(X, Q, KIND_QUEUE, score)
     if change then
       X.wake = true
@@ -121,10 +121,10 @@ local function place_queued(X, Q, flow, run, score)
     end
     return added
   end
-  local added = redis.call('ZADD', variant_key(Q.B, flow, 'queued'), score, run)
+  local added = redis.call('ZADD', variant_key(Q.OB, flow, 'queued'), score, run)
   if added == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, 1) end
-  if state_peek(X, 'ckidx')[Q.B] then ck_index_flush(X) end
-  local index = queue_key(Q.B, 'ck_index')
+  if state_peek(X, 'ckidx')[Q.OB] then ck_index_flush(X) end
+  local index = queue_key(Q.OB, 'ck_index')
   local head = tonumber(redis.call('ZSCORE', index, flow))
   if head == nil or score < head then
     redis.call('ZADD', index, score, flow)
@@ -139,13 +139,13 @@ end
 local function unqueue(X, Q, flow, run)
   if flow == KEYLESS_FLOW then
     touch(X, Q, KIND_QUEUE)
-    local removed = redis.call('ZREM', queue_key(Q.B, 'queued'), run)
-    if removed == 1 and redis.call('EXISTS', queue_key(Q.B, 'queued')) == 0 then
+    local removed = redis.call('ZREM', queue_key(Q.OB, 'queued'), run)
+    if removed == 1 and redis.call('EXISTS', queue_key(Q.OB, 'queued')) == 0 then
       HOOK.flow_drained(X, Q, KEYLESS_FLOW)
     end
     return removed
   end
-  local removed = redis.call('ZREM', variant_key(Q.B, flow, 'queued'), run)
+  local removed = redis.call('ZREM', variant_key(Q.OB, flow, 'queued'), run)
   if removed == 1 then ck_queued_add(X, Q.B, Q.V, Q.env_id, Q.name, -1) end
   return removed
 end
@@ -154,13 +154,13 @@ end
 -- Returns the head score, or nil when the variant drained.
 local function variant_refresh(X, Q, flow)
   touch(X, Q, KIND_CK)
-  local head = redis.call('ZRANGE', variant_key(Q.B, flow, 'queued'), 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', variant_key(Q.OB, flow, 'queued'), 0, 0, 'WITHSCORES')
   if #head == 0 then
-    redis.call('ZREM', queue_key(Q.B, 'ck_index'), flow)
+    redis.call('ZREM', queue_key(Q.OB, 'ck_index'), flow)
     HOOK.flow_drained(X, Q, flow)
     return nil
   end
-  redis.call('ZADD', queue_key(Q.B, 'ck_index'), head[2], flow)
+  redis.call('ZADD', queue_key(Q.OB, 'ck_index'), head[2], flow)
   return tonumber(head[2])
 end
 
@@ -229,8 +229,8 @@ local function run_queue(X, env_id, queue)
   end
   local Q = of_env[queue]
   if Q == nil then
-    Q = {name = queue, env_id = env_id, V = env_prefix(X.tag, env_id),
-      B = queue_prefix(X.tag, env_id, queue)}
+    Q = level_base({name = queue, env_id = env_id, V = env_prefix(X.tag, env_id),
+      B = queue_prefix(X.tag, env_id, queue)})
     of_env[queue] = Q
   end
   return Q

@@ -2,7 +2,7 @@
 -- result every serve function reports into:
 --   R.gated  ready work was left behind a limit (a freed slot should wake consumers)
 --   R.wait   the earliest time (ms) something now held back becomes ready (or nil)
---@require state config runs claim gates heap
+--@require state config runs claim gates heap levels
 
 local function result_new()
   return {gated = false, wait = nil}
@@ -118,7 +118,7 @@ end
 local function serve_ck_age(X, Q, budget, lease_ms, out, R, lenders)
   if Q.paused then return 0 end
   ck_index_flush(X)
-  local entries = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '-inf', X.now,
+  local entries = redis.call('ZRANGEBYSCORE', queue_key(Q.OB, 'ck_index'), '-inf', X.now,
     'WITHSCORES', 'LIMIT', 0, budget * Q.window)
   local cands = {}
   for i = 1, #entries, 2 do
@@ -134,7 +134,7 @@ local function serve_ck_age(X, Q, budget, lease_ms, out, R, lenders)
   if served < budget then
     -- the call has room left: a consumer will wait, so tell it when a variant whose
     -- runs all lie in the future becomes ready
-    local later = redis.call('ZRANGEBYSCORE', queue_key(Q.B, 'ck_index'), '(' .. exact(X.now), '+inf',
+    local later = redis.call('ZRANGEBYSCORE', queue_key(Q.OB, 'ck_index'), '(' .. exact(X.now), '+inf',
       'WITHSCORES', 'LIMIT', 0, 1)
     if #later > 0 then wait_until(R, tonumber(later[2])) end
   end
@@ -158,19 +158,21 @@ local function serve_borrowers(X, lenders, budget, lease_ms, out, R)
   return served
 end
 
--- Serve the ready heads-index entries of one environment in their order (oldest head
--- first): age-order queues by age; with `serve_fair` (the fair build), the fair queues
--- all together, the first time one of theirs comes up (serve_fair(room) returns what it
--- served). Then borrowing. Returns the runs served and whether the fair queues were.
+-- Serve the ready heads-index entries of one environment in their order (by priority
+-- level, then oldest head first): age-order queues by age; with `serve_fair` (the fair
+-- build), the fair queues of a level all together, the first time one of theirs comes up
+-- (serve_fair(level, room) returns what it served). Then borrowing (after every level:
+-- it takes only slots nobody else can use). Returns the runs served and whether fair
+-- queues were.
 local function serve_entries(X, by_name, ready, budget, lease_ms, out, R, serve_fair)
-  local served, lenders, fair_done = 0, {}, false
+  local served, lenders, fair_done, fair_any = 0, {}, {}, false
   for _, entry in ipairs(ready) do
     if served >= budget then break end
-    local Q = by_name[entry.queue]
+    local Q = level_view(by_name[entry.queue], entry.level)
     if serve_fair ~= nil and Q.order == 'fair' then
-      if not fair_done then
-        fair_done = true
-        served = served + serve_fair(budget - served)
+      if not fair_done[entry.level] then
+        fair_done[entry.level], fair_any = true, true
+        served = served + serve_fair(entry.level, budget - served)
       end
     elseif entry.kind == KIND_QUEUE then
       served = served + serve_keyless(X, Q, budget - served, lease_ms, out, R)
@@ -181,5 +183,5 @@ local function serve_entries(X, by_name, ready, budget, lease_ms, out, R, serve_
   if served < budget and #lenders > 0 then
     served = served + serve_borrowers(X, lenders, budget - served, lease_ms, out, R)
   end
-  return served, fair_done
+  return served, fair_any
 end
