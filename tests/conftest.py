@@ -200,6 +200,7 @@ SLOW_TESTS = frozenset(
         "tests/integration/test_purge.py::test_purge_deletes_every_key_of_the_prefix_on_a_cluster",
         "tests/integration/test_queue_size_limit_concurrency.py::test_four_processes_never_overshoot_the_limit",
         "tests/integration/test_rates.py::test_a_consumer_waiting_on_a_bucket_does_not_poll[",
+        "tests/integration/test_priority_model.py::test_tiered_order_matches_one_fair_model_per_level[",
         "tests/integration/test_rates.py::test_starts_follow_the_rate_after_the_burst[",
         "tests/integration/test_rates.py::test_the_per_key_default_limits_every_key_on_its_own[",
         "tests/integration/test_script_maxima.py::test_dequeue_1000_from_12000_keys_and_finish_1000_at_once[",
