@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from datetime import timedelta
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 from fairq.config import RetryPolicy, RunQueueConfig

@@ -390,7 +390,15 @@ class Task(Generic[P, R]):
             InvalidNameError, ConfigurationError, InvalidLimitError: bad arguments.
         """
         item = TriggerItem(
-            payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout, keep_result,
+            payload,
+            concurrency_key,
+            tenant,
+            delay,
+            ttl,
+            priority,
+            run_id,
+            timeout,
+            keep_result,
             head_start,
         )
         request = self.request_for(item)
@@ -464,8 +472,16 @@ class Task(Generic[P, R]):
         return self.app.sync.trigger(
             self,
             TriggerItem(
-                payload, concurrency_key, tenant, delay, ttl, priority, run_id, timeout,
-                keep_result, head_start,
+                payload,
+                concurrency_key,
+                tenant,
+                delay,
+                ttl,
+                priority,
+                run_id,
+                timeout,
+                keep_result,
+                head_start,
             ),
         )
 

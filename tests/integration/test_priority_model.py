@@ -95,7 +95,9 @@ async def run_tiered(rq: RunQueue, env: Environment, rng: random.Random, steps: 
                 tenant = rng.choice([*TENANTS, None]) if key is None else tenant_of[key]
                 run = f"r{counter}"
                 counter += 1
-                score = now - rng.randint(0, 300) if rng.random() < 0.9 else now + rng.randint(1, 30)
+                score = (
+                    now - rng.randint(0, 300) if rng.random() < 0.9 else now + rng.randint(1, 30)
+                )
                 await rq.enqueue(env, queue, run, None, concurrency_key=key, tenant=tenant,
                                  available_at_ms=score, priority=level, now_ms=now)  # fmt: skip
                 models[level].enqueue(queue, run, key, tenant, score, now)

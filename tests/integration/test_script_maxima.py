@@ -49,7 +49,12 @@ async def _enqueue_keys(
 ) -> None:
     requests = [
         EnqueueRequest(
-            env, "q", f"{tag}-{k}", {"k": k}, concurrency_key=f"key-{k}", head_start_ms=head_start_ms
+            env,
+            "q",
+            f"{tag}-{k}",
+            {"k": k},
+            concurrency_key=f"key-{k}",
+            head_start_ms=head_start_ms,
         )
         for k in keys
     ]

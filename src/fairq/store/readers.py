@@ -54,6 +54,12 @@ _RUN_READ: Final = (
 )  # fmt: skip
 
 
+#: The priority levels other than the base one (whose keys are the queue's own).
+_OTHER_LEVELS: Final = [lv for lv in range(1, K.MAX_LEVELS + 1) if lv != K.BASE_LEVEL]
+#: What queues_stats reads per queue.
+_STATS_READS: Final = 7 + len(_OTHER_LEVELS)
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryBucket:
     """What happened to a queue in one 10-second window."""
@@ -199,6 +205,8 @@ class ReaderOps(StoreCore):
                 pipe.zcard(q.ck_index)
                 pipe.zrange(q.queued, 0, 0, withscores=True)
                 pipe.zrange(q.ck_index, 0, 0, withscores=True)
+                for level in _OTHER_LEVELS:  # keyless runs of the other priority levels
+                    pipe.zcard(q.at_level(level).queued)
 
         now, raw = await self.timed_pipeline(build)
         env_running = int(raw[0])
@@ -213,7 +221,9 @@ class ReaderOps(StoreCore):
         width = len(QUEUE_OPTIONS)
         keyed_running: dict[str, int] | None = None
         for i, name in enumerate(queues):
-            zq, si, ckq, ckr, idx, head, ckhead = raw[2 + i * 7 : 2 + i * 7 + 7]
+            at = 2 + i * _STATS_READS
+            zq, si, ckq, ckr, idx, head, ckhead = raw[at : at + 7]
+            zq = int(zq) + sum(int(n) for n in raw[at + 7 : at + _STATS_READS])
             qc = dict(
                 zip(
                     QUEUE_OPTIONS,
@@ -269,6 +279,32 @@ class ReaderOps(StoreCore):
                 )
             )
         return out
+
+    async def level_counts(self, env: Environment, queue: str) -> dict[int, int]:
+        """Runs queued at each priority level of a queue (levels with none left out),
+        summed over the environment's partitions."""
+        counts: dict[int, int] = {}
+        for p in range((await self.placement(env)).served):
+            q = self.keys.queue(env, queue, p)
+
+            def indexes(pipe: Any, q: QueueKeys = q) -> None:
+                for level in range(1, K.MAX_LEVELS + 1):
+                    pipe.zcard(q.at_level(level).queued)
+                    pipe.zrange(q.at_level(level).ck_index, 0, MAX_VARIANTS - 1)
+
+            raw = await self.pipeline(indexes)
+
+            def sizes(pipe: Any, q: QueueKeys = q, raw: list[Any] = raw) -> None:
+                for level in range(1, K.MAX_LEVELS + 1):
+                    for flow in raw[2 * level - 1]:
+                        pipe.zcard(q.at_level(level).variant_queued(text_of(flow)))
+
+            keyed = iter(await self.pipeline(sizes))
+            for level in range(1, K.MAX_LEVELS + 1):
+                n = int(raw[2 * level - 2]) + sum(int(next(keyed)) for _ in raw[2 * level - 1])
+                if n:
+                    counts[level] = counts.get(level, 0) + n
+        return counts
 
     async def _keyed_running(self, env: Environment, partition: int) -> dict[str, int]:
         """Keyed runs holding a slot, per queue, read from the env's in-flight runs."""
