@@ -325,3 +325,31 @@ async def test_maintenance_samples_ready_queues(make_queue: Any, env: Environmen
     shares = await rq.tenant_shares(env, Q, window=10, now_ms=now)
     assert shares.samples >= 1
     assert math.isclose(by_tenant(shares).get("x", TenantShare("x", 0, 0, 0)).share, 1.0)
+
+
+@pytest.mark.parametrize("order", ["age", "fair"])
+async def test_only_the_highest_ready_priority_level_is_entitled(
+    make_queue: Any, env: Environment, order: Order
+) -> None:
+    """Strict priority: while tenant a has ready runs at level 1, b's level-3 backlog is
+    owed nothing (the order serves none of it); once a's level drains, b is entitled to
+    everything served."""
+    rq = await queue_for(make_queue, order)
+    await rq.set_env_limits(env, concurrency=10)
+    for i in range(3):
+        await rq.enqueue(env, Q, f"a{i}", None, concurrency_key="a", priority=1, now_ms=START)
+        await rq.enqueue(env, Q, f"b{i}", None, concurrency_key="b", now_ms=START)
+    await rq.sample_shares(now_ms=START + 1)
+    first = [
+        d for _ in range(3) for d in await rq.dequeue(1, env=env, queues=[Q], now_ms=START + 2)
+    ]
+    assert [d.concurrency_key for d in first] == ["a"] * 3
+    await rq.ack(first, now_ms=START + 3)
+    await rq.sample_shares(now_ms=START + 4)  # only b has work now
+    rest = [d for _ in range(3) for d in await rq.dequeue(1, env=env, queues=[Q], now_ms=START + 5)]
+    assert [d.concurrency_key for d in rest] == ["b"] * 3
+    await rq.ack(rest, now_ms=START + 6)
+    rows = by_tenant(await rq.tenant_shares(env, Q, window=10, now_ms=START + 9_999))
+    # one sample each: a alone at level 1 (share 1), then b alone (share 1)
+    assert rows["a"].share == pytest.approx(0.5) and rows["b"].share == pytest.approx(0.5)
+    assert rows["a"].received == rows["b"].received == 3

@@ -9,6 +9,8 @@ holds it back at a cap or rate. A tenant's share is its weight (V:tw; a key serv
 its own tenant: else its key weight, B:ckweights; else 1) over the summed weights of the
 queue's backlogged tenants; a flow's share is its tenant's times its key weight over the
 summed key weights of the tenant's backlogged flows. The shares of a sample sum to 1.
+With priority levels, only the highest level with ready work counts (strict priority:
+the order serves nobody of a lower level while it has work that can start).
 
 KEYS
   1 T  shard tag {prefix.N}
@@ -29,21 +31,25 @@ local max_queues = arg_int(ARGV[FIRST_ARG], 'queues', 1, ARG_RULES.sample_queues
 local max_flows = arg_int(ARGV[FIRST_ARG + 1], 'flows', 1, ARG_RULES.sample_flows)
 local now = C.now
 
--- The ready queues (a queue has up to two heads-index members: keyless and keyed).
+-- The ready queues (a queue has up to two heads-index members per priority level:
+-- keyless and keyed), each at its highest level with ready work.
 local function ready_queues()
   local members = redis.call('ZRANGEBYSCORE', shard_key(tag, 'heads'), '-inf', now,
-    'LIMIT', 0, 2 * max_queues)
+    'LIMIT', 0, 2 * MAX_LEVELS * max_queues)
   local by_id, list = {}, {}
   for _, member in ipairs(members) do
-    local kind, env_id, queue = string.match(member, '^([^:]+):([^:]+:[^:]+:[^:]+):(.+)$')
+    local kind, env_id, named = string.match(member, '^([^:]+):([^:]+:[^:]+:[^:]+):(.+)$')
     if kind then
+      local queue, level = string.match(named, '^(.+)@(%d)$')
+      queue, level = queue or named, tonumber(level) or BASE_LEVEL
       local id = env_id .. ':' .. queue
       local q = by_id[id]
       if q == nil and #list < max_queues then
-        q = {env_id = env_id, name = queue, keyless = false, keyed = false}
+        q = {env_id = env_id, name = queue, level = level, keyless = false, keyed = false}
         by_id[id], list[#list + 1] = q, q
       end
-      if q then
+      if q and level < q.level then q.level, q.keyless, q.keyed = level, false, false end
+      if q and level == q.level then
         if kind == KIND_QUEUE then q.keyless = true else q.keyed = true end
       end
     end
@@ -118,7 +124,8 @@ for _, q in ipairs(ready_queues()) do
   local flows = {}
   if q.keyless then flows[1] = KEYLESS_FLOW end
   if q.keyed then
-    local ready = redis.call('ZRANGEBYSCORE', queue_key(B, 'ck_index'), '-inf', now,
+    local ready = redis.call('ZRANGEBYSCORE', queue_key(level_name(B, q.level), 'ck_index'),
+      '-inf', now,
       'LIMIT', 0, max_flows)
     for _, flow in ipairs(ready) do flows[#flows + 1] = flow end
   end
