@@ -489,6 +489,26 @@ STORE += [
      (lambda v: lambda c: c.rq.maintain(interval_s=v))(v))
     for n, v in [("nan", NAN), ("string", "1"), ("10**400", HUGE)]
 ]  # fmt: skip
+# shares received vs entitled: the backlog sample and its reader
+STORE += [
+    (f"sample_shares {kw}", InvalidLimitError,
+     (lambda k: lambda c: c.rq.sample_shares(**k))(kw))
+    for kw in [{"queues": 0}, {"queues": 10_001}, {"flows": 0}, {"flows": 1.5},
+               {"queues": "5"}, {"now_ms": -1}, {"now_ms": NAN}]
+]  # fmt: skip
+STORE += [
+    (f"tenant_shares window {w!r}"[:60], InvalidLimitError,
+     (lambda v: lambda c: c.rq.tenant_shares(c.env, "q", window=v))(w))
+    for w in [0, 5, 15, 3_610, 1.5, "60", True, NAN, HUGE]
+]  # fmt: skip
+STORE += [
+    ("tenant_shares queue a:b", InvalidNameError,
+     lambda c: c.rq.tenant_shares(c.env, "a:b")),
+    ("tenant_shares now_ms -1", InvalidLimitError,
+     lambda c: c.rq.tenant_shares(c.env, "q", now_ms=-1)),
+    ("tenant_shares_windows none", InvalidLimitError,
+     lambda c: c.rq.tenant_shares_windows(c.env, "q", windows=())),
+]  # fmt: skip
 # admin: limits, options, weights, caps, rates
 
 
@@ -1244,6 +1264,8 @@ CLI: list[tuple[str, list[str]]] = [
         ["dlq", "redrive", ENV_ID, "not-there"],
         ["dlq", "redrive", ENV_ID, "bad:id"],
         ["stats", "--env", "a:b"],
+        ["stats", "--tenants", "--env", "a:b"],
+        ["stats", "--tenants", "--env", ENV_ID, "--queue", "a:b"],
     ]
 ]
 
