@@ -353,3 +353,14 @@ async def test_only_the_highest_ready_priority_level_is_entitled(
     # one sample each: a alone at level 1 (share 1), then b alone (share 1)
     assert rows["a"].share == pytest.approx(0.5) and rows["b"].share == pytest.approx(0.5)
     assert rows["a"].received == rows["b"].received == 3
+
+
+async def test_a_sample_reads_the_oldest_ready_flows_up_to_its_bound(
+    make_queue: Any, env: Environment
+) -> None:
+    rq = await queue_for(make_queue, "fair")
+    for i, tenant in enumerate(("old", "mid", "new")):
+        await enqueue_runs(rq, env, Q, f"{tenant}-", 2, tenant=tenant, at=START - 100 + 10 * i)
+    assert await rq.sample_shares(now_ms=START, flows=2) == 1
+    fields = await rq.client.hgetall(rq.keys.queue(env, Q).shares(START // SHARES_BUCKET_MS))
+    assert fields == {b"n": b"1", b"s:old/": b"0.5", b"s:mid/": b"0.5"}

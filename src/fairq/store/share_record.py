@@ -39,9 +39,10 @@ RUNS_PREFIX: Final = "r:"
 RUN_MS_PREFIX: Final = "d:"
 #: The flow standing for the flows a full bucket has no field for (no flow has ``~``).
 OVERFLOW_FLOW: Final = "~"
-#: Most ready queues (of one shard) and flows (of one queue) a sample reads: the bounds
-#: of its arguments, and what maintenance asks for.
+#: Most ready queues (of one shard) and flows (of one queue) a sample may read (the
+#: bounds of its arguments), and what maintenance asks for: few enough that one sample
+#: stays a short script (a bucket keeps about 256 flows anyway).
 MAX_SAMPLE_QUEUES: Final = 10_000
 MAX_SAMPLE_FLOWS: Final = 10_000
-SAMPLE_QUEUES: Final = 1_000
-SAMPLE_FLOWS: Final = 1_000
+SAMPLE_QUEUES: Final = 100
+SAMPLE_FLOWS: Final = 256

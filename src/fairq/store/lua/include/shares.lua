@@ -36,22 +36,40 @@ end
 
 -- A run of `flow` leased at `started` (ms) finished at `now`: note one run and its run
 -- time in the bucket of its lease start (a lease older than the longest window counts
--- in that window's first bucket). `SH` collects a call's notes for shares_flush.
+-- in that window's first bucket). `SH` collects a call's notes for shares_flush: per
+-- queue and bucket number, per flow {runs, ms} (names are built once, at the flush).
 local function shares_received(SH, B, flow, started, now)
   if started == nil then return end
   local first = math.floor(now / SHARES.bucket_ms) - SHARES.window_buckets + 1
-  local key = shares_key(B, math.max(math.floor(started / SHARES.bucket_ms), first))
-  local adds = SH[key]
-  if adds == nil then
-    adds = {}
-    SH[key] = adds
+  local bucket = math.max(math.floor(started / SHARES.bucket_ms), first)
+  local of_queue = SH[B]
+  if of_queue == nil then
+    of_queue = {}
+    SH[B] = of_queue
   end
-  local runs, ms = SHARES.runs_prefix .. flow, SHARES.run_ms_prefix .. flow
-  adds[runs] = (adds[runs] or 0) + 1
-  adds[ms] = (adds[ms] or 0) + math.max(0, now - started)
+  local flows = of_queue[bucket]
+  if flows == nil then
+    flows = {}
+    of_queue[bucket] = flows
+  end
+  local got = flows[flow]
+  if got == nil then
+    flows[flow] = {1, math.max(0, now - started)}
+  else
+    got[1], got[2] = got[1] + 1, got[2] + math.max(0, now - started)
+  end
 end
 
 -- Write what shares_received collected (once, at the end of the call).
 local function shares_flush(SH)
-  for key, adds in pairs(SH) do shares_bucket_add(key, adds) end
+  local runs, ms = SHARES.runs_prefix, SHARES.run_ms_prefix
+  for B, of_queue in pairs(SH) do
+    for bucket, flows in pairs(of_queue) do
+      local adds = {}
+      for flow, got in pairs(flows) do
+        adds[runs .. flow], adds[ms .. flow] = got[1], got[2]
+      end
+      shares_bucket_add(shares_key(B, bucket), adds)
+    end
+  end
 end
