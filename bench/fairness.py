@@ -88,6 +88,10 @@ LIGHT_GROUP = {
     "borrowLoneKey": "lone",
     "chargeLongShort": "short",
     "rateLimited": "free",
+    "floodFreshFlows": "steady",
+    "floodLateNewcomer": "newcomer",
+    "floodSybil": "light",
+    "splitPools": "light",
 }
 
 # The design study's published figures (its three findings reports; logical ms, 3 seeds,

@@ -17,7 +17,12 @@ keyed flows and keyless flows (``*``); default tenants (a key is its own tenant,
 keyless runs belong to ``/<queue>``) and named tenants (a pair with a key set); key and
 tenant weights; per-key caps (queue concurrency, key cap overrides) and per-tenant caps
 (parking on a cap, unparking when a slot of the key / tenant frees); ``max_per_key``;
-the join policies ``floor`` and ``behind_leader``; the tenant floor (start tag of the
+the join policies ``floor`` and ``behind_leader``; behind the flag ``admit="budget"``
+(default off: ``"floor"``), the design study's admission rule for new tenants (a
+newcomer clock and a budget per floor epoch, see :meth:`SfqModel._admit_new`); behind
+the flag ``pools=True`` (default off), fair state per pool (the set of queues a dequeue
+serves: its own V:tt, floor and newcomer clock; a queue's enqueues use the state of
+the pool that last served it, ``*`` before any); the tenant floor (start tag of the
 run most recently begun, the ``~floor`` member of V:tt, read-repaired from the lowest
 tag when lost; tags it passed pruned whenever it crosses a multiple of :data:`TICK`) and
 the key floors; delayed heads (parked until due); cap parks (only for a flow that holds
@@ -188,6 +193,17 @@ class _AgeCand:
     active: bool = True
 
 
+@dataclass
+class _PoolState:
+    """A pool's fair state while another pool's is current (``pools=True``)."""
+
+    tt: dict[str, float]
+    tfloor: float | None
+    clock: float
+    epoch: int
+    joined: int
+
+
 class _Call:
     """Per-script caches of the scripts (the floors are read once per script)."""
 
@@ -209,6 +225,21 @@ class SfqModel:
     join: str = "floor"
     arrival_cap: float = 1.0
     max_per_key: int | None = None
+    #: the admission rule for new tenants: "floor" (the scripts today) | "budget" (the
+    #: design study's: see :meth:`_admit_new`); its budget and the newcomers' share
+    admit: str = "floor"
+    free: int = 1
+    newcomer_weight: float = 1.0
+    #: the newcomer clock, the floor epoch of the last counted new tenant, and how many
+    new_clock: float = 0.0
+    new_epoch: int = -1
+    new_joined: int = 0
+    #: fair state per pool (the set of queues a dequeue serves) instead of one per
+    #: environment; the current pool, the others' states, and each queue's pool
+    pools: bool = False
+    pool: str = "*"
+    pool_states: dict[str, _PoolState] = field(default_factory=dict)
+    queue_pool: dict[str, str] = field(default_factory=dict)
     queues: dict[str, QueueModel] = field(default_factory=dict)
     runs: dict[str, Run] = field(default_factory=dict)
     tt: dict[str, float] = field(default_factory=dict)  # V:tt
@@ -256,7 +287,39 @@ class SfqModel:
     def _tenant_join(self, call: _Call, tenant: str) -> float:
         floor = self._floor(call).value
         stored = self.tt.get(tenant)
-        return stored if stored is not None and stored > floor else floor
+        if stored is not None:
+            return stored if stored > floor else floor
+        if self.admit == "floor":
+            return floor
+        return self._admit_new(floor, tenant)
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit_new(self, floor: float, tenant: str) -> float:
+        """``admit="budget"``: where a new tenant (no tag in V:tt) starts.
+
+        While V:tt holds no tenant's tag (nothing was charged yet, or the state expired:
+        nobody to protect) it joins at the floor, uncounted. A tenant already registered
+        on another queue of the pool keeps that copy.
+        Else the first ``free`` new tenants of each floor epoch join at the floor and
+        the others at ``max(floor, clock)``; each of them advances the newcomer clock by
+        ``quantum / newcomer_weight``."""
+        copies = [
+            q.tq[tenant]
+            for q in self.queues.values()
+            if tenant in q.tq and self.queue_pool.get(q.name, "*") == self.pool
+        ]
+        if copies:
+            return min(copies)
+        if not self.tt:
+            return floor
+        epoch = math.floor(floor / self.quantum + 1e-9)
+        if epoch != self.new_epoch:
+            self.new_epoch, self.new_joined = epoch, 0
+        tag = floor if self.new_joined < self.free else max(floor, self.new_clock)
+        self.new_clock = max(floor, self.new_clock) + self.quantum / self.newcomer_weight
+        self.new_joined += 1
+        return tag
 
     def _register_pair(self, call: _Call, q: QueueModel, tenant: str) -> None:
         if tenant in q.tq or f"t:{tenant}" in q.park:
@@ -364,6 +427,26 @@ class SfqModel:
         run.ta = ""
         return run
 
+    # ------------------------------------------------------------------ pools
+
+    def _use_pool(self, pool: str) -> None:
+        """``pools=True``: make ``pool``'s fair state (V:tt with its floor, the newcomer
+        clock) the current one; tenant weights and the queues' state stay shared."""
+        if not self.pools or pool == self.pool:
+            return
+        self.pool_states[self.pool] = _PoolState(
+            self.tt, self.tfloor, self.new_clock, self.new_epoch, self.new_joined
+        )
+        st = self.pool_states.pop(pool, None) or _PoolState({}, None, 0.0, -1, 0)
+        self.tt, self.tfloor = st.tt, st.tfloor
+        self.new_clock, self.new_epoch, self.new_joined = st.clock, st.epoch, st.joined
+        self.pool = pool
+
+    def pool_of(self, queues: list[str]) -> str:
+        """The pool a dequeue over ``queues`` serves: its sorted queue names (``*``
+        without ``pools``)."""
+        return ",".join(sorted(set(queues))) if self.pools else "*"
+
     # ------------------------------------------------------------------ operations
 
     def enqueue(
@@ -371,15 +454,18 @@ class SfqModel:
     ) -> None:
         if run in self.runs:
             return
+        self._use_pool(self.queue_pool.get(queue, "*"))
         flow = flow_of(key, tenant)
         self.runs[run] = Run(queue, flow, tenant or "", score)
         self._place(_Call(now), self.queue(queue), flow, run, score)
 
     def ack(self, run: str, now: int = 0) -> None:
+        self._use_pool(self.queue_pool.get(self.runs[run].queue, "*"))
         self._free(_Call(now), run)
         del self.runs[run]
 
     def nack(self, run_id: str, retry_at: int, now: int = 0) -> None:
+        self._use_pool(self.queue_pool.get(self.runs[run_id].queue, "*"))
         call = _Call(now)
         run = self._free(call, run_id)
         run.score = retry_at
@@ -430,7 +516,13 @@ class SfqModel:
     # ------------------------------------------------------------------ the fair serve
 
     def dequeue(self, queues: list[str], max_count: int, now: int) -> list[tuple[str, str, str]]:
-        """One dequeue call over ``queues``: ``(run, queue, flow)`` in serve order."""
+        """One dequeue call over ``queues``: ``(run, queue, flow)`` in serve order (with
+        ``pools``: in the fair state of the pool of ``queues``, which its queues'
+        enqueues then use too)."""
+        pool = self.pool_of(queues)
+        self._use_pool(pool)
+        if self.pools:
+            self.queue_pool.update(dict.fromkeys(queues, pool))
         env_id = "E"
         ready: list[tuple[int, str, str, str]] = []  # (score, member, kind, queue)
         for name in queues:

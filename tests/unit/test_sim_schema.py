@@ -303,3 +303,64 @@ def test_the_charge_option_overrides_the_scenarios_charge() -> None:
     assert split_discipline_list(["age,sfq:charge=duration,join=behind_leader"]) == [
         "age", "sfq:charge=duration,join=behind_leader",
     ]  # fmt: skip
+
+
+POOLED = """
+grain = "ck"
+[[pools]]
+name = "p1"
+queues = [0]
+slots = 1
+[[pools]]
+name = "p2"
+queues = [1, 1]
+slots = 2
+[[groups]]
+name = "a"
+keys = 1
+messages_per_key = 2
+arrival = "backlog"
+[[groups]]
+name = "b"
+keys = 2
+queue = 1
+messages_per_key = 2
+arrival = "backlog"
+"""
+
+
+def test_pools_and_a_groups_queue_load() -> None:
+    s = loads_scenario(POOLED)
+    assert [(p.name, p.queues, p.slots) for p in s.pools] == [("p1", (0,), 1), ("p2", (1,), 2)]
+    w = generate(s, 0)
+    assert w.key_queues == {"a-0": ["work"], "b-0": ["work.q1"], "b-1": ["work.q1"]}
+    assert loads_scenario(GOOD).pools == ()  # no pools: one consumer of every queue
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        (POOLED.replace("queues = [0]", "queues = [2]"), "pools", "no pool serves them"),
+        (POOLED.replace('name = "p2"', 'name = "p1"'), "pools[1].name", "duplicate"),
+        (POOLED.replace("slots = 1", "slots = 0"), "pools[0].slots", "1..100000"),
+        (POOLED.replace("queues = [0]", "queues = []"), "pools[0].queues", "non-empty"),
+        (POOLED.replace("slots = 1", "slots = 1\nqueue = 3"), "pools[0].queue", "unknown field"),
+        (POOLED.replace("queue = 1", "queue = 1\nqueues = 2"), "groups[1].queue", "not both"),
+        (POOLED.replace("keys = 1\n", "keys = 2\nenvs = 2\n", 1), "pools", "one environment"),
+    ],
+)
+def test_a_bad_pool_or_queue_is_rejected(text: str, field: str, reason: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        loads_scenario(text)
+    assert exc.value.field == field and reason in exc.value.reason
+
+
+def test_the_two_level_model_takes_its_admission_and_pool_options() -> None:
+    d = parse_discipline("tsfq:state=pool,admit=budget,free=2,newcomer_weight=0.5")
+    assert d.spec == "tsfq:admit=budget,free=2,newcomer_weight=0.5,state=pool"
+    for bad, reason in [
+        ("tsfq:admit=later", "admit must be one of"), ("tsfq:state=queue", "state must be"),
+        ("tsfq:newcomer_weight=0", "positive"), ("tsfq:join=floor", "unknown option"),
+    ]:  # fmt: skip
+        with pytest.raises(DisciplineError, match=reason):
+            parse_discipline(bad)

@@ -1,9 +1,11 @@
 """Disciplines the simulator can run, and the driver-side reference models.
 
 Spec grammar: ``NAME[:OPT=VALUE[,OPT=VALUE...]]``, or ``codel:INNER`` with INNER any
-other spec. ``age`` and ``sfq`` run fairq's real scripts (flag off / flag on); ``drr`` and
-``stride`` are driver-side reference models that pick one key per dequeue call
-(``max_count`` 1, as the design study's experiments did); ``codel`` hoists the stalest key when the
+other spec. ``age`` and ``sfq`` run fairq's real scripts (flag off / flag on); ``drr``,
+``stride`` and ``tsfq`` are driver-side reference models that pick one key per dequeue
+call (``max_count`` 1, as the design study's experiments did); ``tsfq`` is the two-level
+fair order (tenants, then keys) with the design study's admission rules for new tenants
+and fair state per pool (:mod:`fairq.sim.admission`); ``codel`` hoists the stalest key when the
 standing delay stays above a target (the design study's CoDel wrapper) and otherwise defers to
 its inner discipline.
 
@@ -14,7 +16,7 @@ option                   disciplines            meaning
 =======================  =====================  =============================================
 join                     sfq                    ``floor`` | ``behind_leader`` (join policy)
 arrival_cap              sfq                    with behind_leader: max start above the floor
-quantum                  sfq, drr               virtual time per serve / DRR quantum
+quantum                  sfq, drr, tsfq         virtual time per serve / DRR quantum
 charge                   sfq                    ``count`` | ``duration`` (overrides the
                                                 scenario's ``charge``)
 window                   age, sfq               scan window multiplier
@@ -25,6 +27,13 @@ total_cap                all                    real total gate per base queue (
 borrow                   all                    ``true`` | ``false``: capped keys may borrow
                                                 idle slots (overrides the scenario's)
 target, interval         codel                  standing-delay target and interval (steps)
+admit                    tsfq                   ``floor`` | ``clock`` | ``epoch`` | ``budget``:
+                                                where a new tenant starts
+free                     tsfq                   with budget: new tenants per floor epoch that
+                                                join at the floor (default 1)
+newcomer_weight          tsfq                   the newcomers' share, in tenants (default 1)
+state                    tsfq                   ``env`` | ``pool``: one fair state per
+                                                environment, or one per consumer pool
 =======================  =====================  =============================================
 """
 
@@ -33,9 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fairq.errors import FairqError
+from fairq.sim.admission import ADMIT_RULES, STATES, Admission, TwoLevelModel
 
 REAL = ("age", "sfq")
-MODELS = ("drr", "stride")
+MODELS = ("drr", "stride", "tsfq")
 NAMES = (*REAL, *MODELS, "codel")
 
 _OPTIONS: dict[str, dict[str, type]] = {
@@ -59,6 +69,16 @@ _OPTIONS: dict[str, dict[str, type]] = {
     },
     "drr": {"quantum": float, "per_key_cap": int, "total_cap": int, "borrow": bool},
     "stride": {"per_key_cap": int, "total_cap": int, "borrow": bool},
+    "tsfq": {
+        "admit": str,
+        "free": int,
+        "newcomer_weight": float,
+        "state": str,
+        "quantum": float,
+        "per_key_cap": int,
+        "total_cap": int,
+        "borrow": bool,
+    },
 }
 _CODEL_OPTIONS: dict[str, type] = {"target": int, "interval": int}
 
@@ -150,6 +170,10 @@ def _convert(name: str, option: str, raw: str, kind: type) -> object:
         raise DisciplineError(f"{name}: option {option}={raw!r} must be {expected}") from None
     if option == "join" and value not in ("floor", "behind_leader"):
         raise DisciplineError(f"{name}: join must be 'floor' or 'behind_leader', got {raw!r}")
+    if option == "admit" and value not in ADMIT_RULES:
+        raise DisciplineError(f"{name}: admit must be one of {', '.join(ADMIT_RULES)}, got {raw!r}")
+    if option == "state" and value not in STATES:
+        raise DisciplineError(f"{name}: state must be 'env' or 'pool', got {raw!r}")
     if option == "charge" and value not in ("count", "duration"):
         raise DisciplineError(f"{name}: charge must be 'count' or 'duration', got {raw!r}")
     if option in ("window", "max_per_key_per_call", "target", "interval") and value == 0:
@@ -228,12 +252,14 @@ class Model:
         self.weights = weights
         self.rank = {k: i for i, k in enumerate(order)}
 
-    def pick(self, ready: list[str], backlogged: set[str]) -> str | None:  # pragma: no cover
+    def pick(
+        self, ready: list[str], backlogged: set[str], pool: str = "*"
+    ) -> str | None:  # pragma: no cover - interface
         """The next key to serve among ``ready`` (servable now); ``backlogged`` is every
-        key with queued work, servable or not."""
+        key with queued work, servable or not; ``pool``: the consumer pool asking."""
         raise NotImplementedError
 
-    def served(self, key: str) -> None:  # pragma: no cover - interface
+    def served(self, key: str, pool: str = "*") -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
 
@@ -246,7 +272,7 @@ class StrideModel(Model):
         self.passes: dict[str, float] = {}
         self.global_pass = 0.0
 
-    def pick(self, ready: list[str], backlogged: set[str]) -> str | None:
+    def pick(self, ready: list[str], backlogged: set[str], pool: str = "*") -> str | None:
         if not ready:
             return None
         for k in ready:
@@ -255,7 +281,7 @@ class StrideModel(Model):
         self.global_pass = max(self.global_pass, low)
         return min(ready, key=lambda k: (self.passes[k], self.rank[k]))
 
-    def served(self, key: str) -> None:
+    def served(self, key: str, pool: str = "*") -> None:
         self.passes[key] = self.passes.get(key, self.global_pass) + 1.0 / self.weights[key]
 
 
@@ -272,7 +298,7 @@ class DrrModel(Model):
         self.deficit: dict[str, float] = dict.fromkeys(order, 0.0)
         self.fresh_turn = True
 
-    def pick(self, ready: list[str], backlogged: set[str]) -> str | None:
+    def pick(self, ready: list[str], backlogged: set[str], pool: str = "*") -> str | None:
         if not ready:
             return None
         ready_set = set(ready)
@@ -295,11 +321,30 @@ class DrrModel(Model):
         self.cursor = (self.cursor + 1) % len(self.ring)
         self.fresh_turn = True
 
-    def served(self, key: str) -> None:
+    def served(self, key: str, pool: str = "*") -> None:
         self.deficit[key] -= 1.0
 
 
-def make_model(d: Discipline, weights: dict[str, float], order: list[str]) -> Model:
+def make_model(
+    d: Discipline,
+    weights: dict[str, float],
+    order: list[str],
+    key_tenant: dict[str, str] | None = None,
+    tenant_weight: dict[str, float] | None = None,
+) -> Model | TwoLevelModel:
+    """The driver-side model of ``d`` (``drr``, ``stride`` or ``tsfq``); ``tsfq`` needs
+    each key's tenant and each tenant's weight."""
+    if d.name == "tsfq":
+        assert key_tenant is not None and tenant_weight is not None
+        o = d.options
+        admission = Admission(
+            rule=str(o.get("admit", "floor")),
+            free=int(o.get("free", 1)),  # type: ignore[call-overload]
+            newcomer_weight=float(o.get("newcomer_weight", 1.0)),  # type: ignore[arg-type]
+            quantum=float(o.get("quantum", 1.0)),  # type: ignore[arg-type]
+        )
+        state = str(o.get("state", "env"))
+        return TwoLevelModel(weights, order, key_tenant, tenant_weight, admission, state)
     if d.name == "drr":
         q = d.options.get("quantum", 1.0)
         assert isinstance(q, float)

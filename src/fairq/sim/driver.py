@@ -49,9 +49,10 @@ from fairq.config import MAX_LIMIT, RunQueueConfig, VirtualTimeOptions
 from fairq.keys import Environment
 from fairq.models import Delivery, DequeueBatch, EnqueueRequest
 from fairq.server import AnyRedis
-from fairq.sim.disciplines import CoDelState, Discipline, Model, make_model
-from fairq.sim.scenario import Scenario
-from fairq.sim.workload import STEP_MS, SimMessage, Workload, generate, now_of
+from fairq.sim.admission import TwoLevelModel
+from fairq.sim.disciplines import MODELS, CoDelState, Discipline, DisciplineError, Model, make_model
+from fairq.sim.scenario import Pool, Scenario
+from fairq.sim.workload import STEP_MS, SimMessage, Workload, ck_queue, generate, now_of
 from fairq.store import RunQueue
 
 #: Lease long enough that no simulated hold ever loses it.
@@ -67,9 +68,10 @@ _UNCOUNTED = (
 
 
 def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
-    """The tenant, spread, limit and charging fields the scenario (or, for ``charge``, the
-    discipline) uses, in schema order. ``charge`` counts only with the fair order (sfq)
-    and only when it is ``duration``."""
+    """The tenant, spread, limit, charging and pool fields the scenario (or, for
+    ``charge``, ``admit`` and ``state``, the discipline) uses, in schema order. ``charge``
+    counts only with the fair order (sfq) and only when it is ``duration``; ``admit`` and
+    ``state`` only when not the default (``floor``, ``env``)."""
     groups = scenario.groups
     used = {
         "tenant": any(g.tenant is not None for g in groups),
@@ -81,6 +83,11 @@ def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
         "rate": any(g.rate is not None for g in groups),
         "borrow": discipline.borrow(scenario.borrow),
         "charge": discipline.name == "sfq" and discipline.charge(scenario.charge) == "duration",
+        "queue": any(g.queue is not None for g in groups),
+        "pools": bool(scenario.pools),
+        # the model's admission rule and fair state per pool (options, like charge)
+        "admit": discipline.options.get("admit", "floor") != "floor",
+        "state": discipline.options.get("state", "env") != "env",
     }
     return [name for name, on in used.items() if on]
 
@@ -190,11 +197,17 @@ class Simulation:
         self.workload = generate(scenario, seed)
         self.trace = Trace(self.workload)
         w = self.workload
-        self.model: Model | None = (
-            make_model(discipline, w.key_weight, w.keys)
-            if discipline.name in ("drr", "stride")
+        self.model: Model | TwoLevelModel | None = (
+            make_model(discipline, w.key_weight, w.keys, w.key_tenant, w.tenant_weight)
+            if discipline.name in MODELS
             else None
         )
+        if discipline.codel is not None and scenario.pools:
+            raise DisciplineError("codel: not with consumer pools (one hoist per step)")
+        #: per pool: its queues, the slots it holds, and which pool served each run
+        self.pool_queues = {p.name: [ck_queue(i) for i in p.queues] for p in scenario.pools}
+        self.busy_pool: Counter[str] = Counter()
+        self.pool_of: dict[str, str] = {}
         self.codel: CoDelState | None = None
         if discipline.codel is not None:
             self.codel = CoDelState(
@@ -402,8 +415,34 @@ class Simulation:
 
     async def dequeue(self, step: int, now: int) -> tuple[list[Delivery], int | None]:
         """This step's deliveries, and (when none) the store's hint of how long until
-        something held back is ready (ms)."""
-        budget = self.scenario.max_count
+        something held back is ready (ms). With consumer pools, each pool's call in turn
+        (for what its free slots allow, over its own queues)."""
+        if not self.scenario.pools:
+            return await self._dequeue_for(None, self.scenario.max_count, now)
+        out: list[Delivery] = []
+        wait: int | None = None
+        for pool in self.scenario.pools:
+            n = min(self.scenario.max_count, pool.slots - self.busy_pool[pool.name])
+            if n <= 0:
+                continue
+            got, hint = await self._dequeue_for(pool, n, now)
+            for d in got:
+                self.pool_of[d.run_id] = pool.name
+                self.busy_pool[pool.name] += 1
+            out += got
+            if hint is not None:
+                wait = hint if wait is None else min(wait, hint)
+        return out, None if out else wait
+
+    def _in_pool(self, key: str, pool: Pool | None) -> bool:
+        return pool is None or any(
+            q in self.pool_queues[pool.name] for q in self.workload.key_queues[key]
+        )
+
+    async def _dequeue_for(
+        self, pool: Pool | None, budget: int, now: int
+    ) -> tuple[list[Delivery], int | None]:
+        """One consumer's deliveries (``pool`` None: the one consumer of every queue)."""
         out: list[Delivery] = []
         if self.codel is not None and self.codel.dropping:
             stalest = self._stalest()
@@ -413,13 +452,25 @@ class Simulation:
         if remaining <= 0:
             return out, None
         if self.model is None:
-            batch = await self._dequeue_scripts(remaining, now)
+            queues = None if pool is None else self.pool_queues[pool.name]
+            batch = await self._dequeue_scripts(remaining, now, queues)
             return out + self._took(batch.deliveries), batch.wait_ms
+        name = "*" if pool is None else pool.name
+        # the pool's own view with fair state per pool, else the environment's
+        scoped = isinstance(self.model, TwoLevelModel) and self.model.per_pool
         for _ in range(remaining):
             while True:
-                ready = [k for k in self._ready_keys() if k not in self.refused]
-                backlogged = {k for k in self.workload.keys if self._has_work(k)}
-                key = self.model.pick(ready, backlogged)
+                ready = [
+                    k
+                    for k in self._ready_keys()
+                    if k not in self.refused and self._in_pool(k, pool)
+                ]
+                backlogged = {
+                    k
+                    for k in self.workload.keys
+                    if self._has_work(k) and (not scoped or self._in_pool(k, pool))
+                }
+                key = self.model.pick(ready, backlogged, name)
                 if key is None:
                     return out, None
                 got = self._took(await self._serve_one(key, now))
@@ -428,17 +479,21 @@ class Simulation:
                 # held back by a gate the driver does not model: not this step
                 self.refused.add(key)
             for d in got:
-                self.model.served(self.by_id[d.run_id].key)
+                self.model.served(self.by_id[d.run_id].key, name)
             out += got
         return out, None
 
-    async def _dequeue_scripts(self, max_count: int, now: int) -> DequeueBatch:
-        """One dequeue through the scripts (age / sfq): one environment's queues, or
-        across the environments (the store's selection strategy)."""
+    async def _dequeue_scripts(
+        self, max_count: int, now: int, only: list[str] | None = None
+    ) -> DequeueBatch:
+        """One dequeue through the scripts (age / sfq): one environment's queues (``only``:
+        a pool's), or across the environments (the store's selection strategy)."""
         self.trace.dequeue_calls += 1
         if len(self.env_queues) > 1:
             return await self.rq.dequeue_batch(max_count, now_ms=now)
         ((env, queues),) = self.env_queues.items()
+        if only is not None:
+            queues = [q for q in queues if q in only]
         if len(queues) <= MAX_QUEUES_PER_CALL:
             return await self.rq.dequeue_batch(max_count, env=env, queues=queues, now_ms=now)
         got: list[Delivery] = []
@@ -474,6 +529,9 @@ class Simulation:
         return delivered
 
     def _released(self, m: SimMessage) -> None:
+        pool = self.pool_of.pop(m.run_id, None)
+        if pool is not None:
+            self.busy_pool[pool] -= 1
         self.busy[self._slot(m.key, m.queue)] -= 1
         self.busy_tenant[(m.env, m.queue, m.tenant)] -= 1
         self.busy_queue[(m.env, m.queue)] -= 1

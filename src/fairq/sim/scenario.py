@@ -22,6 +22,13 @@ Top-level fields (defaults in brackets)::
     shards          int 1..64 [1]   partitions each environment is spread over (its
                     tenants by a hash of their name; see docs/cluster.md)
     [[groups]]      one or more GROUP tables
+    [[pools]]       POOL tables [none: one consumer serves every queue]
+
+    POOL: name (string, unique), queues (list of base queue indexes, grain ck:
+          0 = ``work``, N = ``work.qN``), slots (int >= 1, the pool's workers).
+          With pools, every step each pool makes its own dequeue call over its queues,
+          for what its free slots allow (the environment limit still applies); every
+          queue in use must be in some pool; one environment only.
 
     GROUP: name (string, unique), keys (int >= 1), messages_per_key (int >= 1),
            weight (float > 0) [1.0], arrival (ARRIVAL, required),
@@ -31,7 +38,9 @@ Top-level fields (defaults in brackets)::
            queues (int >= 1, grain ck) [1], envs (int >= 1) [1],
            key_cap (int >= 0) [per_key_cap], tenant_cap (int >= 0) [none],
            rate (float > 0, runs started per step per key) [none],
-           rate_burst (int >= 1, needs rate) [1]
+           rate_burst (int >= 1, needs rate) [1],
+           queue (int >= 0, grain ck: every key on base queue ``queue``, instead of
+           spreading over ``queues``) [none]
     A tenant's groups must agree on tenant_weight and tenant_cap (a group that leaves one
     out takes the value its tenant's other groups give). The keys of a group spread
     round-robin over its environments, then over its queues: key i is in environment
@@ -142,10 +151,21 @@ class Group:
     key_cap: int | None = None
     tenant_cap: int | None = None
     rate: Rate | None = None
+    #: grain ck: the base queue index every key of the group is on (None: ``queues``)
+    queue: int | None = None
 
     def key_name(self, i: int) -> str:
         """The name of the group's key ``i`` (0-based)."""
         return f"{self.name}-{i}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A consumer pool: the base queues (grain ck indexes) it serves and its slots."""
+
+    name: str
+    queues: tuple[int, ...]
+    slots: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +189,8 @@ class Scenario:
     charge: Charge = "count"
     #: Partitions each environment is spread over (1: its shard alone).
     shards: int = 1
+    #: Consumer pools (none: one consumer serves every queue).
+    pools: tuple[Pool, ...] = ()
 
     @property
     def total_messages(self) -> int:
@@ -336,6 +358,13 @@ class _Checker:
                 f"{queues} queue(s) x {envs} environment(s) need at least {queues * envs} "
                 f"keys (each key lives on one queue of one environment), got {keys}",
             )
+        queue: int | None = None
+        if "queue" in g:
+            if grain != "ck":
+                raise self.fail(f"{path}.queue", 'only meaningful at grain "ck"')
+            if queues != 1:
+                raise self.fail(f"{path}.queue", "give queue or queues, not both")
+            queue = self.integer(g["queue"], f"{path}.queue", 0, MAX_SPREAD - 1)
         rate: Rate | None = None
         if "rate" in g:
             per_step = self.number(g["rate"], f"{path}.rate", 0.0, 1000.0, open_low=True)
@@ -372,7 +401,44 @@ class _Checker:
                 else None
             ),
             rate=rate,
+            queue=queue,
         )
+
+    def pools(self, raw: object, groups: list[Group], grain: Grain) -> tuple[Pool, ...]:
+        """The ``[[pools]]`` tables: unique names, known queues, every queue in use in a
+        pool, one environment."""
+        if not isinstance(raw, list) or not raw:
+            raise self.fail("pools", "must be a non-empty array of tables ([[pools]])")
+        if grain != "ck":
+            raise self.fail("pools", 'only meaningful at grain "ck"')
+        if any(g.envs > 1 for g in groups):
+            raise self.fail("pools", "pools serve one environment: no group may set envs")
+        used = {g.queue if g.queue is not None else i for g in groups for i in range(g.queues)}
+        out: list[Pool] = []
+        for i, item in enumerate(raw):
+            path = f"pools[{i}]"
+            t = self.table(item, path)
+            self.known(t, path, {"name", "queues", "slots"})
+            for required in ("name", "queues", "slots"):
+                if required not in t:
+                    raise self.fail(f"{path}.{required}", "required")
+            name = self.name(t["name"], f"{path}.name")
+            if any(p.name == name for p in out):
+                raise self.fail(f"{path}.name", f"duplicate pool name {name!r}")
+            queues = t["queues"]
+            if not isinstance(queues, list) or not queues:
+                raise self.fail(f"{path}.queues", "must be a non-empty list of queue indexes")
+            indexes = tuple(
+                self.integer(v, f"{path}.queues[{j}]", 0, MAX_SPREAD - 1)
+                for j, v in enumerate(queues)
+            )
+            slots = self.integer(t["slots"], f"{path}.slots", 1, 100_000)
+            out.append(Pool(name, tuple(sorted(set(indexes))), slots))
+        served = {q for p in out for q in p.queues}
+        missing = sorted(used - served)
+        if missing:
+            raise self.fail("pools", f"queue(s) {missing} have work but no pool serves them")
+        return tuple(out)
 
     def tenants(self, groups: list[Group]) -> None:
         """A tenant's groups agree on its weight and cap; no tenant is named like a key
@@ -421,11 +487,12 @@ class _Checker:
 _TOP_FIELDS = {
     "name", "description", "grain", "env_concurrency", "burst_factor", "max_count",
     "hold_steps", "per_key_cap", "total_cap", "steps_limit", "disciplines", "groups",
-    "borrow", "charge", "shards",
+    "borrow", "charge", "shards", "pools",
 }  # fmt: skip
 _GROUP_FIELDS = {
     "name", "keys", "messages_per_key", "weight", "arrival", "hold_steps", "queues_per_key",
     "tenant", "tenant_weight", "queues", "envs", "key_cap", "tenant_cap", "rate", "rate_burst",
+    "queue",
 }  # fmt: skip
 #: Largest number of environments (and of base queues) one group may spread over.
 MAX_SPREAD = 1000
@@ -484,6 +551,7 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
         seen.add(group.name)
         groups.append(group)
     c.tenants(groups)
+    pools = c.pools(data["pools"], groups, grain) if "pools" in data else ()
     scenario = Scenario(
         name=name,
         grain=grain,
@@ -501,6 +569,7 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
         borrow=borrow,
         charge=charge,
         shards=shards,
+        pools=pools,
     )
     if sum(g.keys for g in groups) > MAX_KEYS:
         raise c.fail("groups", f"more than {MAX_KEYS} keys in all")

@@ -145,7 +145,8 @@ def generate(scenario: Scenario, seed: int) -> Workload:
             env = sim_env(i % g.envs)
             key_env[key] = env
             if scenario.grain == "ck":
-                queues = [ck_queue((i // g.envs) % g.queues)]
+                index = g.queue if g.queue is not None else (i // g.envs) % g.queues
+                queues = [ck_queue(index)]
             elif g.queues_per_key == 1:
                 queues = [key]
             else:
