@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fairq.sim.runner import plan, run_all
-from fairq.sim.scenario import builtin_scenarios
+from fairq.sim.scenario import Scenario, builtin_scenarios
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fairness import LIGHT_GROUP
@@ -41,8 +41,15 @@ POOL_RULES = ["tsfq:state=pool", "tsfq:admit=budget,state=pool"]
 Records = list[dict[str, Any]]
 
 
-def disciplines_for(pools: bool) -> list[str]:
-    return RULES + (POOL_RULES if pools else [])
+#: The driver-side model looks at every key on every pick: scenarios with more keys than
+#: this run only the real scripts (age, sfq).
+MODEL_KEYS = 2000
+
+
+def disciplines_for(s: Scenario) -> list[str]:
+    if sum(g.keys for g in s.groups) > MODEL_KEYS:
+        return RULES[:2]
+    return RULES + (POOL_RULES if s.pools else [])
 
 
 def _mean(values: list[float]) -> float:
@@ -89,9 +96,14 @@ async def main() -> None:
     scenarios = [s for s in builtin_scenarios() if not args.scenario or s.name in args.scenario]
     runs = []
     for s in scenarios:
-        runs += plan([s], disciplines_for(bool(s.pools)), args.seeds)
+        runs += plan([s], disciplines_for(s), args.seeds)
     started = time.monotonic()
-    records, _ = await run_all(os.environ.get("FAIRQ_REDIS_URL"), runs)
+
+    def done(spec: Any, record: dict[str, Any]) -> None:
+        print(f"{time.monotonic() - started:7.1f}s {record['scenario']} "
+              f"{record['discipline']} seed {record['seed']}", file=sys.stderr)  # fmt: skip
+
+    records, _ = await run_all(os.environ.get("FAIRQ_REDIS_URL"), runs, on_done=done)
     print(f"{len(records)} runs in {time.monotonic() - started:.1f}s", file=sys.stderr)
     json.dump(records, sys.stdout, indent=1)
     sys.stdout.write("\n")

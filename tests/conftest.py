@@ -209,6 +209,8 @@ SLOW_TESTS = frozenset(
         "tests/integration/test_server.py::test_the_embedded_server_never_outlives_its_owner[",
         "tests/integration/test_server_heal.py::test_heal_after_kill_9_from_two_processes_gives_one_server_with_the_data",
         "tests/integration/test_server_state.py::test_a_server_that_no_longer_answers_gets_sigterm_only_after_the_proc_check",
+        "tests/integration/test_sim_admission.py::test_a_flood_of_fresh_tenants_meets_the_bound_only_with_the_budget",
+        "tests/integration/test_sim_admission.py::test_fair_state_per_pool_serves_each_pools_tenants_in_turn",
         "tests/integration/test_sim.py::test_ck_skew_sfq_cuts_the_light_keys_wait_as_the_seed_reports",
         "tests/integration/test_sim.py::test_duration_charging_shares_slot_time",
         "tests/integration/test_sim.py::test_every_builtin_scenario_serves_every_message_once_under_its_table[",

@@ -298,20 +298,14 @@ class SfqModel:
     def _admit_new(self, floor: float, tenant: str) -> float:
         """``admit="budget"``: where a new tenant (no tag in V:tt) starts.
 
-        While V:tt holds no tenant's tag (nothing was charged yet, or the state expired:
-        nobody to protect) it joins at the floor, uncounted. A tenant already registered
-        on another queue of the pool keeps that copy.
-        Else the first ``free`` new tenants of each floor epoch join at the floor and
-        the others at ``max(floor, clock)``; each of them advances the newcomer clock by
-        ``quantum / newcomer_weight``."""
-        copies = [
-            q.tq[tenant]
-            for q in self.queues.values()
-            if tenant in q.tq and self.queue_pool.get(q.name, "*") == self.pool
-        ]
-        if copies:
-            return min(copies)
-        if not self.tt:
+        Before the floor is stored (no fair dequeue ran on this state yet, or it was
+        lost: nobody to protect) it joins at the floor, uncounted, as today. Else the
+        first ``free`` new tenants of each floor epoch (``floor // quantum``) join at
+        the floor and the others at ``max(floor, clock)``; each of them advances the
+        newcomer clock to ``max(floor, clock) + quantum / newcomer_weight``, and its
+        start tag goes into V:tt at once (so its other queues find it, and attach reads
+        it as the authoritative tag)."""
+        if self.tfloor is None:
             return floor
         epoch = math.floor(floor / self.quantum + 1e-9)
         if epoch != self.new_epoch:
@@ -319,6 +313,7 @@ class SfqModel:
         tag = floor if self.new_joined < self.free else max(floor, self.new_clock)
         self.new_clock = max(floor, self.new_clock) + self.quantum / self.newcomer_weight
         self.new_joined += 1
+        self.tt[tenant] = tag
         return tag
 
     def _register_pair(self, call: _Call, q: QueueModel, tenant: str) -> None:

@@ -55,7 +55,8 @@ def _shards(text: str | None) -> list[int] | None:
 @click.argument("scenarios", nargs=-1)
 @click.option(
     "--discipline", "-d", "disciplines", multiple=True,
-    help="Comma-separated specs: age, sfq[:opt=val,...], drr, stride, codel:INNER. "
+    help="Comma-separated specs: age, sfq[:opt=val,...], drr, stride, tsfq[:opt=val,...], "
+    "codel:INNER. "
     "'table' = each scenario's own table. Default: age,sfq.",
 )  # fmt: skip
 @click.option("--seeds", default=1, show_default=True, type=click.IntRange(1, 1000),
