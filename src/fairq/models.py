@@ -240,10 +240,22 @@ class QueueStats:
     options: dict[str, str] = field(default_factory=dict)
     #: The environment's partitions the counts are summed over.
     partitions: int = 1
+    #: Its priority levels (1 is the highest), and those other than the middle one that
+    #: have held runs (their counts: :meth:`fairq.store.RunQueue.level_counts`).
+    priority_levels: int = 5
+    levels_used: tuple[int, ...] = ()
 
     @property
     def paused(self) -> bool:
         return self.is_paused or self.concurrency_limit == 0
+
+
+@dataclass(frozen=True, slots=True)
+class LevelCount:
+    """A queue's runs at one priority level."""
+
+    queued: int
+    running: int
 
 
 @dataclass(frozen=True, slots=True)

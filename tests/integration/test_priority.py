@@ -12,7 +12,7 @@ from tests.state import keyspace
 
 from fairq.errors import InvalidLimitError
 from fairq.keys import Environment
-from fairq.models import Delivery
+from fairq.models import Delivery, LevelCount
 from fairq.store import RunQueue
 
 T0 = 1_000_000
@@ -178,7 +178,7 @@ async def test_requeued_runs_keep_their_level(
     await rq.enqueue(env, "q", "lo", None, available_at_ms=T0 - 60_000, now_ms=T0)
     stats = await rq.queue_stats(env, "q")
     assert stats.queued == 3
-    assert await rq.level_counts(env, "q") == {1: 2, 3: 1}
+    assert await rq.level_counts(env, "q") == {1: LevelCount(2, 0), 3: LevelCount(1, 0)}
     assert (await rq.cancel(env, "gone")).value == "cancelled"
     (first,) = await rq.dequeue(1, env=env, queues=["q"], now_ms=T0 + 1)
     assert first.run_id == "hi"
@@ -208,3 +208,50 @@ async def test_a_level_the_queue_does_not_have_is_refused_and_nothing_is_written
     await rq.enqueue(env, "q", "low", None, priority=3, available_at_ms=T0 - 5_000, now_ms=T0)
     got = [d.run_id for d in await rq.dequeue(3, env=env, queues=["q"], now_ms=T0 + 1)]
     assert got == ["mid", "ok", "low"] or got == ["mid", "low", "ok"]
+
+
+async def test_stats_and_the_dashboard_show_runs_per_level(
+    make_queue: Any, env: Environment
+) -> None:
+    """The overview's queue row (what `fairq stats --json` prints), the stats table and
+    the queue page's data give queued / running per level once a queue uses levels."""
+    from rich.console import Console
+
+    from fairq.commands.stats import render
+    from fairq.dashboard.views import load_overview, load_queue_detail
+
+    rq = await fresh(make_queue, env, "fair")
+    await rq.enqueue(env, "q", "plain", None, now_ms=T0)
+    overview = await load_overview(rq, env=env, now_ms=T0)
+    assert "levels" not in overview.environments[0].queues[0].to_json()  # one level: none
+    for i in range(3):
+        await rq.enqueue(env, "q", f"hi{i}", None, concurrency_key=f"k{i}", priority=1, now_ms=T0)
+    await rq.enqueue(env, "q", "low", None, priority=5, now_ms=T0)
+    got = await rq.dequeue(1, env=env, queues=["q"], now_ms=T0 + 1)
+    assert [d.run_id for d in got] == ["hi0"]
+    overview = await load_overview(rq, env=env, now_ms=T0 + 2)
+    row = overview.environments[0].queues[0].to_json()
+    assert row["levels"] == [
+        {"level": 1, "queued": 2, "running": 1},
+        {"level": 3, "queued": 1, "running": 0},
+        {"level": 5, "queued": 1, "running": 0},
+    ]
+    console = Console(width=200, record=True)
+    console.print(render(overview))
+    assert "1: 2 / 1  3: 1 / 0  5: 1 / 0" in console.export_text()
+    detail = await load_queue_detail(rq, env, "q", now_ms=T0 + 2)
+    assert detail.queue.by_level == ((1, 2, 1), (3, 1, 0), (5, 1, 0))
+
+
+async def test_the_queue_page_shows_its_levels(make_queue: Any, env: Environment) -> None:
+    import httpx
+
+    from fairq.dashboard.app import create_app
+
+    rq = await fresh(make_queue, env, "age")
+    await rq.enqueue(env, "q", "a", None, priority=1, now_ms=T0)
+    await rq.enqueue(env, "q", "b", None, priority=4, now_ms=T0)
+    transport = httpx.ASGITransport(app=create_app(rq, token=None, allowed_hosts=["dash"]))
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+        page = (await client.get(f"/queues/{env.id}/q")).text
+    assert 'data-level="1">1: 1</span>' in page and 'data-level="4">4: 1</span>' in page

@@ -89,6 +89,9 @@ def render(data: Overview, *, breakdown: bool = False) -> Table:
                 q.order,
                 "[red]paused[/]" if q.paused else "",
             )
+            if q.by_level:
+                levels = "  ".join(f"{lv}: {n} / {r}" for lv, n, r in q.by_level)
+                table.add_row("", f"  [dim]levels (queued / running)[/] {levels}", *[""] * 7)
             if breakdown:
                 for v in q.variants:
                     key = f"  [dim]key[/] {escape(v.key or '(none)')}"

@@ -140,6 +140,9 @@ class QueueView:
     #: Ready runs more workers could serve now vs held by gates, and delayed ones (read
     #: only when asked for: ``backlog=True``).
     backlog: Backlog | None = None
+    #: (level, queued, running) per priority level with runs, highest first; empty
+    #: while every run of the queue is at its default level.
+    by_level: tuple[tuple[int, int, int], ...] = ()
 
     @classmethod
     def of(cls, stats: QueueStats, now_ms: int) -> QueueView:
@@ -186,6 +189,8 @@ class QueueView:
         }
         if self.backlog is not None:
             row["backlog"] = self.backlog.to_json()
+        if self.by_level:
+            row["levels"] = [{"level": lv, "queued": q, "running": r} for lv, q, r in self.by_level]
         if keys:
             row["keys"] = [v.to_json() for v in self.variants]
         return row
@@ -275,11 +280,32 @@ async def load_overview(
     for e in envs:
         names = await rq.queues(e)
         stats = await rq.queues_stats(e, names, breakdown=breakdown) if names else []
-        view = EnvView.of(await rq.env_stats(e), stats, now)
+        view = await with_levels(rq, e, EnvView.of(await rq.env_stats(e), stats, now), stats)
         if backlog:
             view = await with_backlog(rq, e, view, now_ms)
         views.append(view)
     return Overview(now_ms=now, fair_order=rq.fair, environments=tuple(views))
+
+
+async def with_level_counts(
+    rq: RunQueue, env: Environment, view: QueueView, stats: QueueStats
+) -> QueueView:
+    """``view`` with its per-level counts, when its runs have used several levels."""
+    if not stats.levels_used:
+        return view
+    counts = await rq.level_counts(env, view.queue)
+    return replace(view, by_level=tuple((lv, c.queued, c.running) for lv, c in counts.items()))
+
+
+async def with_levels(
+    rq: RunQueue, env: Environment, view: EnvView, stats: list[QueueStats]
+) -> EnvView:
+    """``view`` with the per-level counts of the queues whose runs use several levels
+    (read only for those)."""
+    queues = [
+        await with_level_counts(rq, env, q, s) for q, s in zip(view.queues, stats, strict=True)
+    ]
+    return replace(view, queues=tuple(queues))
 
 
 async def with_backlog(
@@ -396,7 +422,7 @@ async def load_queue_detail(
         now_ms=now,
         env=env.id,
         fair_order=stats.order == "fair",
-        queue=QueueView.of(stats, now),
+        queue=await with_level_counts(rq, env, QueueView.of(stats, now), stats),
         env_running=es.running,
         env_concurrency_limit=es.concurrency_limit,
         dead_lettered=es.dead_lettered,

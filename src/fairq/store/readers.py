@@ -16,7 +16,15 @@ from typing import Any, Final
 
 from fairq import keys as K
 from fairq.keys import Environment, EnvKeys, QueueKeys
-from fairq.models import AuditEntry, DeadLetter, EnvStats, QueueStats, TenantTag, VariantStats
+from fairq.models import (
+    AuditEntry,
+    DeadLetter,
+    EnvStats,
+    LevelCount,
+    QueueStats,
+    TenantTag,
+    VariantStats,
+)  # fmt: skip
 from fairq.outcomes import STATE_STATUS, RunInfo, RunStatus, decode_outcome
 from fairq.store import run_hash, validate
 from fairq.store._core import StoreCore, text_of
@@ -56,6 +64,14 @@ _RUN_READ: Final = (
 
 #: The priority levels other than the base one (whose keys are the queue's own).
 _OTHER_LEVELS: Final = [lv for lv in range(1, K.MAX_LEVELS + 1) if lv != K.BASE_LEVEL]
+
+
+def _levels_of(bits: str | None) -> tuple[int, ...]:
+    """The levels a queue's ``levels`` option lists (bit L set: level L has held runs)."""
+    value = int(bits) if bits else 0
+    return tuple(lv for lv in range(1, K.MAX_LEVELS + 1) if value >> lv & 1)
+
+
 #: What queues_stats reads per queue.
 _STATS_READS: Final = 7 + len(_OTHER_LEVELS)
 
@@ -270,6 +286,8 @@ class ReaderOps(StoreCore):
                     rate_burst=None if qc["rate_burst"] is None else int(qc["rate_burst"]),
                     borrow=qc["borrow"] == "1",
                     delayed=delayed,
+                    priority_levels=int(qc["priority_levels"] or K.DEFAULT_PRIORITY_LEVELS),
+                    levels_used=_levels_of(qc["levels"]),
                     **self._fair_settings(qc, env_opts),
                     options={
                         k: v
@@ -280,31 +298,65 @@ class ReaderOps(StoreCore):
             )
         return out
 
-    async def level_counts(self, env: Environment, queue: str) -> dict[int, int]:
-        """Runs queued at each priority level of a queue (levels with none left out),
-        summed over the environment's partitions."""
-        counts: dict[int, int] = {}
+    async def level_counts(self, env: Environment, queue: str) -> dict[int, LevelCount]:
+        """Runs queued and running at each priority level of a queue (levels with
+        neither left out), summed over the environment's partitions. Reads every level's
+        queued sets (at most MAX_VARIANTS keyed flows each) and the hashes of the
+        environment's runs in flight (bounded by its limit)."""
+        queued: dict[int, int] = {}
+        running: dict[int, int] = {}
         for p in range((await self.placement(env)).served):
-            q = self.keys.queue(env, queue, p)
+            for level, n in (await self._queued_by_level(env, queue, p)).items():
+                queued[level] = queued.get(level, 0) + n
+            for level, n in (await self._running_by_level(env, queue, p)).items():
+                running[level] = running.get(level, 0) + n
+        return {
+            level: LevelCount(queued.get(level, 0), running.get(level, 0))
+            for level in sorted(queued.keys() | running.keys())
+        }
 
-            def indexes(pipe: Any, q: QueueKeys = q) -> None:
-                for level in range(1, K.MAX_LEVELS + 1):
-                    pipe.zcard(q.at_level(level).queued)
-                    pipe.zrange(q.at_level(level).ck_index, 0, MAX_VARIANTS - 1)
+    async def _queued_by_level(
+        self, env: Environment, queue: str, partition: int
+    ) -> dict[int, int]:
+        q = self.keys.queue(env, queue, partition)
+        levels = range(1, K.MAX_LEVELS + 1)
 
-            raw = await self.pipeline(indexes)
+        def indexes(pipe: Any) -> None:
+            for level in levels:
+                pipe.zcard(q.at_level(level).queued)
+                pipe.zrange(q.at_level(level).ck_index, 0, MAX_VARIANTS - 1)
 
-            def sizes(pipe: Any, q: QueueKeys = q, raw: list[Any] = raw) -> None:
-                for level in range(1, K.MAX_LEVELS + 1):
-                    for flow in raw[2 * level - 1]:
-                        pipe.zcard(q.at_level(level).variant_queued(text_of(flow)))
+        raw = await self.pipeline(indexes)
 
-            keyed = iter(await self.pipeline(sizes))
-            for level in range(1, K.MAX_LEVELS + 1):
-                n = int(raw[2 * level - 2]) + sum(int(next(keyed)) for _ in raw[2 * level - 1])
-                if n:
-                    counts[level] = counts.get(level, 0) + n
-        return counts
+        def sizes(pipe: Any) -> None:
+            for level in levels:
+                for flow in raw[2 * level - 1]:
+                    pipe.zcard(q.at_level(level).variant_queued(text_of(flow)))
+
+        keyed = iter(await self.pipeline(sizes))
+        out: dict[int, int] = {}
+        for level in levels:
+            n = int(raw[2 * level - 2]) + sum(int(next(keyed)) for _ in raw[2 * level - 1])
+            if n:
+                out[level] = n
+        return out
+
+    async def _running_by_level(
+        self, env: Environment, queue: str, partition: int
+    ) -> dict[int, int]:
+        e = self.keys.env(env, partition)
+        ids = [text_of(r) for r in await self.read(self.client.smembers(e.inflight))]
+
+        def owners(pipe: Any) -> None:
+            for run_id in ids:
+                pipe.hmget(e.message(run_id), run_hash.stored(("queue", "level")))
+
+        out: dict[int, int] = {}
+        for owner, level in await self.pipeline(owners) if ids else []:
+            if owner is not None and text_of(owner) == queue:
+                lv = int(level) if level is not None else K.BASE_LEVEL
+                out[lv] = out.get(lv, 0) + 1
+        return out
 
     async def _keyed_running(self, env: Environment, partition: int) -> dict[str, int]:
         """Keyed runs holding a slot, per queue, read from the env's in-flight runs."""
