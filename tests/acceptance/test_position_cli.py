@@ -12,13 +12,16 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.app import Fairq
 from fairq.config import RunQueueConfig
+from fairq.dashboard.app import create_app
 from fairq.dashboard.prometheus import metrics_text
 from fairq.keys import Environment
 from fairq.outcomes import RunStatus
@@ -132,3 +135,27 @@ async def test_the_keda_query_follows_what_more_workers_could_start(
     assert keda_value((await metrics_text(rq)).decode(), env.id) == 1 + 5
     await rq.pause_queue(env, "jobs")
     assert keda_value((await metrics_text(rq)).decode(), env.id) == 1
+
+
+async def test_the_dashboard_shows_where_a_queued_run_stands(
+    make_queue: Callable[..., Any], env: Environment
+) -> None:
+    rq = await make_queue()
+    app = create_app(rq, token=None, allowed_hosts=["dash"])
+    await rq.set_key_concurrency(env, "jobs", "k", 1)
+    for i in range(3):
+        await rq.enqueue(env, "jobs", f"r{i}", None, concurrency_key="k", available_at_ms=1 + i)
+    (started,) = await rq.dequeue(1, env=env, queues=["jobs"])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://dash") as client:  # fmt: skip
+        run = (await client.get(f"/api/runs/{env.id}/r2")).json()
+        assert (run["position"]["ahead_in_flow"], run["position"]["rank"]) == (1, 1)
+        assert [g["text"] for g in run["position"]["gates"]] == [
+            "its key's concurrency cap (1/1 in flight)"
+        ]
+        page = (await client.get(f"/runs/{quote(env.id, safe='')}/r2")).text
+        assert 'id="run-position"' in page and "1 of 2 queued" in page
+        assert "its key&#39;s concurrency cap (1/1 in flight)" in page
+        running = (await client.get(f"/api/runs/{env.id}/{started.run_id}")).json()
+        assert running["status"] == "running" and running["position"] is None
+        assert 'id="run-position"' not in (await client.get(f"/runs/{env.id}/r0")).text

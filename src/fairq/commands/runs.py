@@ -38,7 +38,8 @@ def position_rows(p: RunPosition) -> list[tuple[str, str]]:
         e = p.estimate
         rows.append((
             "estimated start",
-            f"~{fmt_time(e.at_ms)} (estimate: {e.runs_before} runs before it at "
+            f"~{fmt_time(e.at_ms)} (estimate: {e.runs_before} "
+            f"run{'' if e.runs_before == 1 else 's'} before it at "
             f"{e.throughput_per_s:.2f}/s over the last {e.window_ms // 1000} s)",
         ))  # fmt: skip
     return rows

@@ -311,21 +311,31 @@ def create_app(
         context = {"run_id": run_id, "env": raw_env, "info": None, "flash": None}
         return page("run.html", request, context, status=404 if run_id else 200)
 
+    async def run_with_position(env: Environment, run_id: str) -> dict[str, Any] | None:
+        """A run's JSON, with where it stands while it is queued (``position``)."""
+        info = await within(rq.get_run(env, run_id))
+        if info is None:
+            return None
+        position = None
+        if info.status is RunStatus.QUEUED:
+            position = await within(rq.run_position(env, run_id))
+        return {**run_to_json(info), "position": position and position.to_json()}
+
     async def run_page(request: Request) -> Response:
         env, run_id = _env_param(request), request.path_params["run_id"]
-        info = await within(rq.get_run(env, run_id))
+        info = await run_with_position(env, run_id)
         context = {
             "run_id": run_id, "env": env.id, "flash": request.query_params.get("flash"),
-            "info": None if info is None else run_to_json(info),
+            "info": info,
         }  # fmt: skip
         return page("run.html", request, context, status=200 if info else 404)
 
     async def api_run(request: Request) -> Response:
         env, run_id = _env_param(request), request.path_params["run_id"]
-        info = await within(rq.get_run(env, run_id))
+        info = await run_with_position(env, run_id)
         if info is None:
             return JSONResponse({"run_id": run_id, "error": "unknown run"}, status_code=404)
-        return JSONResponse(run_to_json(info))
+        return JSONResponse(info)
 
     async def apply_action(
         env: Environment, action: str, form: dict[str, list[str]]

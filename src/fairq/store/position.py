@@ -144,7 +144,7 @@ class Gate:
 
     def to_json(self) -> dict[str, Any]:
         return {"gate": self.name, "limit": self.limit, "used": self.used,
-                "until_ms": self.until_ms}  # fmt: skip
+                "until_ms": self.until_ms, "text": self.describe()}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
