@@ -108,3 +108,26 @@ async def test_env_backlog_caps_the_sum_of_its_queues(make_queue: Any, env: Envi
     assert (total.servable, total.held["env_limit"]) == (7, 3)
     got = await rq.dequeue(1000, env=env, queues=["q1", "q2"], now_ms=NOW)
     assert len(got) == total.servable
+
+
+@both_orders
+async def test_priority_levels_share_the_gates(
+    make_queue: Any, env: Environment, order: Order
+) -> None:
+    """A key capped at 2 with 3 runs at level 1 and 3 at the default level, 4 keyless runs
+    at level 2: the cap holds across levels (2 servable of the key's 6), the keyless runs
+    are all servable; a dequeue starts the level-1 runs first, exactly the servable ones."""
+    rq = await queue_for(make_queue, order, max_per_key_per_call=1000)
+    await rq.set_key_concurrency(env, Q, "capped", 2)
+    for i in range(6):
+        level = 1 if i < 3 else None
+        await rq.enqueue(env, Q, f"c{i}", None, concurrency_key="capped", priority=level,
+                         available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
+    for i in range(4):
+        await rq.enqueue(env, Q, f"n{i}", None, priority=2, available_at_ms=T0 + 10 + i,
+                         now_ms=T0)  # fmt: skip
+    b = await rq.queue_backlog(env, Q, now_ms=NOW)
+    assert (b.servable, b.held["key_cap"], b.delayed) == (6, 4, 0)
+    got = await rq.dequeue(1000, env=env, queues=[Q], now_ms=NOW)
+    assert len(got) == b.servable
+    assert {d.run_id for d in got if d.concurrency_key} == {"c0", "c1"}

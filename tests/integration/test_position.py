@@ -322,3 +322,45 @@ async def test_a_capped_key_s_estimate_follows_its_cap(
         assert p is not None and p.estimate is not None and p.ahead_in_flow == n
         assert [g.name for g in p.gates] == ["key_cap"]
         assert abs(p.estimate.at_ms - actual[run]) <= 100, (run, p.estimate, actual[run])
+
+
+#: (key, tenant, level, runs) of a backlog over three priority levels.
+LEVEL_FLOWS: list[tuple[str | None, str | None, int | None, int]] = [
+    ("a", None, None, 3), ("a", None, 1, 2), ("b", None, 2, 2), (None, None, 1, 2),
+    ("b", None, None, 2), ("u", "T", 5, 2),
+]  # fmt: skip
+
+
+@both_orders
+async def test_priority_levels_go_first_in_a_position(
+    make_queue: Any, env: Environment, order: Order
+) -> None:
+    """Runs on several flows at levels 1, 2, 3 (the default) and 5: a run's ahead_in_flow
+    counts its flow's runs at higher levels too, ahead_at_higher_levels the queue's, and a
+    one-by-one drain starts exactly those before it; the estimate counts them."""
+    rq = await queue_for(make_queue, order)
+    flows: dict[str, tuple[str | None, str | None]] = {}
+    levels: dict[str, int | None] = {}
+    t = T0
+    for i, (key, tenant, level, n) in enumerate(LEVEL_FLOWS):
+        for j in range(n):
+            run = f"l{i}-{j}"
+            t += 1
+            await rq.enqueue(env, Q, run, None, concurrency_key=key, tenant=tenant,
+                             priority=level, available_at_ms=t, now_ms=t)  # fmt: skip
+            flows[run], levels[run] = (key, tenant), level
+    now = T0 + 100
+    positions = {run: await rq.run_position(env, run, now_ms=now) for run in flows}
+    started = await _drain(rq, env, now)
+    assert sorted(r for _, r in started) == sorted(flows)
+    order_of = {run: i for i, (_, run) in enumerate(started)}
+    for run, p in positions.items():
+        assert p is not None and p.level == (levels[run] or 3)
+        before = [r for r in flows if order_of[r] < order_of[run]]
+        assert p.ahead_in_flow == sum(flows[r] == flows[run] for r in before), run
+        higher = [r for r in flows if (levels[r] or 3) < p.level]
+        assert p.ahead_at_higher_levels == len(higher)
+        assert set(higher) <= set(before)
+    # the first level-3 run waits for the 6 runs of levels 1 and 2
+    first3 = positions["l0-0"]
+    assert first3 is not None and first3.ahead_in_flow == 2 and first3.ahead_at_higher_levels == 6

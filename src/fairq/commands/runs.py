@@ -26,7 +26,12 @@ def position_rows(p: RunPosition) -> list[tuple[str, str]]:
     """A queued run's place, as rows of `runs show`."""
     rank = "-" if p.rank is None else f"{p.rank} of {p.ranked_among}"
     basis = "tenants by virtual tag" if p.order == "fair" else "flows by head age"
+    higher = p.ahead_at_higher_levels or 0
     rows = [
+        (
+            "level",
+            f"{p.level}" + (f" ({higher} ready runs of higher levels go first)" if higher else ""),
+        ),
         ("ahead in flow", f"{p.ahead_in_flow} of {p.flow_queued} queued in its flow"),
         ("rank", f"{rank} ({basis})"),
         ("held by", "; ".join(_gate_text(g.describe(), g.until_ms) for g in p.gates) or "-"),

@@ -3,7 +3,8 @@ backlog its gates hold (more workers would not help) and its runs not due yet.
 
 Read from the same snapshot as a run's position (:mod:`fairq.store.position`): reads
 only. A queue's ready runs are split flow by flow (oldest head first in the age order,
-by tenant tag in the fair order): a flow may start as many as every gate above it has
+by tenant tag in the fair order; the priority levels in strict order, each level's
+flows sharing the queue's caps and rates): a flow may start as many as every gate above it has
 room for now, and what it may not is *held*, counted under the tightest gate:
 
 * ``paused``: every ready run of a paused queue;
@@ -86,10 +87,11 @@ def _tokens(snap: QueueSnapshot, bucket: Bucket | None) -> float:
 
 
 def _serve_order(snap: QueueSnapshot) -> list[Flow]:
-    """The flows in the order a dequeue reaches them (near enough)."""
+    """The flows in the order a dequeue reaches them (near enough): the priority levels
+    in strict order, then by tag (fair order) or head (age order)."""
     if snap.order == "fair":
-        return sorted(snap.flows, key=lambda f: (f.tag or 0.0, f.head_ms or 0, f.flow))
-    return sorted(snap.flows, key=lambda f: (f.head_ms or 0, f.flow))
+        return sorted(snap.flows, key=lambda f: (f.level, f.tag or 0.0, f.head_ms or 0, f.flow))
+    return sorted(snap.flows, key=lambda f: (f.level, f.head_ms or 0, f.flow))
 
 
 def _flow_limits(snap: QueueSnapshot, f: Flow, rooms: _Rooms) -> list[tuple[str, float]]:

@@ -22,7 +22,7 @@ import asyncio
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from fairq import keys as K
@@ -51,7 +51,7 @@ GATES: Final = (
 #: the runs finished, and the runs finished by how.
 _HISTORY_READ: Final = ("served", "run_ms", *FINISH_STATUSES)
 #: What a position reads of the run hash.
-_RUN_READ: Final = ("state", "queue", "ck", "tenant", "score")
+_RUN_READ: Final = ("state", "queue", "ck", "tenant", "score", "level")
 #: What locates a running run's slots (for counters a reader finds missing).
 _RUNNING_READ: Final = ("queue", "ck", "slot_tenant")
 #: The environment's and the queue's config fields a snapshot reads.
@@ -65,21 +65,33 @@ _QUEUE_FIELDS: Final = (
 # ---------------------------------------------------------------------- key names
 
 
+#: Every priority level, highest first.
+LEVELS: Final = tuple(range(1, K.MAX_LEVELS + 1))
+
+
 @dataclass(frozen=True, slots=True)
 class ReadKeys:
-    """The keys a snapshot of one queue (on one partition) reads."""
+    """The keys a snapshot of one queue (on one partition) reads: the queue's own (slots,
+    counters, caps, rate buckets, history: shared by its priority levels) and each
+    level's order keys (queued sets, index of keyed flows, parked members, tenant tags)."""
 
     env: EnvKeys
     queue: QueueKeys
+    #: Each level's order keys (QueueKeys.at_level).
+    levels: dict[int, QueueKeys]
+    #: Each level's tenant tags (the environment's, under its level's name).
+    tenant_tags: dict[int, str]
 
-    def flow_queued(self, flow: str) -> str:
-        """A flow's queued set (the keyless runs of no named tenant: the queue's own)."""
+    def flow_queued(self, level: int, flow: str) -> str:
+        """A flow's queued set at a level (the keyless runs of no named tenant: the
+        level's own)."""
         if flow == K.KEYLESS_FLOW:
-            return self.queue.queued
-        return self.queue.variant_queued(flow)
+            return self.levels[level].queued
+        return self.levels[level].variant_queued(flow)
 
     def flow_slots(self, flow: str) -> str:
-        """The slot set a flow's runs hold (every keyless flow shares the queue's)."""
+        """The slot set a flow's runs hold (every keyless flow shares the queue's; every
+        level the same)."""
         if flow_keyless(flow):
             return self.queue.inflight
         return self.queue.variant_inflight(flow)
@@ -90,7 +102,14 @@ class ReadKeys:
 
 def read_keys(schema: KeySchema, env: Environment, queue: str, partition: int) -> ReadKeys:
     """Every key name the position and backlog readers use, from the key schema."""
-    return ReadKeys(env=schema.env(env, partition), queue=schema.queue(env, queue, partition))
+    e, q = schema.env(env, partition), schema.queue(env, queue, partition)
+    tags = K.ENV_KEYS["tenant_tags"]
+    return ReadKeys(
+        env=e,
+        queue=q,
+        levels={level: q.at_level(level) for level in LEVELS},
+        tenant_tags={level: f"{K.level_name(e.prefix, level)}:{tags}" for level in LEVELS},
+    )
 
 
 def flow_keyless(flow: str) -> bool:
@@ -171,7 +190,8 @@ class RunPosition:
 
     Attributes:
         ahead_in_flow: runs of its flow (its key's queued set, or the keyless runs) that
-            start before it.
+            start before it: those ahead of it at its priority level, and the flow's
+            ready runs at higher levels.
         rank: its tenant's place among the queue's ready tenants (1 = next): by virtual
             tag in the fair order, by the head's age among the queue's flows in the age
             order (``ranked_among`` how many compete).
@@ -192,6 +212,10 @@ class RunPosition:
     ranked_among: int | None = None
     gates: tuple[Gate, ...] = ()
     estimate: StartEstimate | None = None
+    #: Its priority level (1 is the highest), and the ready runs of the queue's higher
+    #: levels (they start first: the levels are served in strict order).
+    level: int | None = None
+    ahead_at_higher_levels: int | None = None
 
     @classmethod
     def of_info(cls, info: RunInfo, now_ms: int) -> RunPosition:
@@ -203,7 +227,9 @@ class RunPosition:
         return {
             "run_id": self.run_id, "status": self.status.value, "now_ms": self.now_ms,
             "queue": self.queue, "key": self.concurrency_key, "tenant": self.tenant,
-            "order": self.order, "ahead_in_flow": self.ahead_in_flow,
+            "order": self.order, "level": self.level,
+            "ahead_at_higher_levels": self.ahead_at_higher_levels,
+            "ahead_in_flow": self.ahead_in_flow,
             "flow_queued": self.flow_queued, "rank": self.rank,
             "ranked_among": self.ranked_among, "gates": [g.to_json() for g in self.gates],
             "estimated_start": None if self.estimate is None else self.estimate.to_json(),
@@ -241,6 +267,8 @@ class Flow:
     tenant: str
     named: bool
     head_ms: int | None
+    #: Its priority level (1 is the highest).
+    level: int = K.BASE_LEVEL
     queued: int = 0
     ready: int = 0
     #: Slots its runs hold (keyless flows: every keyless run of the queue's).
@@ -288,8 +316,12 @@ class QueueSnapshot:
     #: Whether the keyed runs in flight were counted (the lazy counter was there).
     ck_running_known: bool = True
 
-    def flow(self, name: str) -> Flow | None:
-        return next((f for f in self.flows if f.flow == name), None)
+    def flow(self, name: str, level: int = K.BASE_LEVEL) -> Flow | None:
+        return next((f for f in self.flows if f.flow == name and f.level == level), None)
+
+    def at_level(self, level: int) -> QueueSnapshot:
+        """The same snapshot with only the flows of one priority level."""
+        return replace(self, flows=[f for f in self.flows if f.level == level])
 
     def key_room(self, f: Flow) -> int | None:
         """Slots left under the flow's key cap (None: it cannot bind, as in gates.lua)."""
@@ -324,13 +356,24 @@ class QueueSnapshot:
         return sum(n for _, n in started) * 1000 / span_ms
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """The queued run a position is read for."""
+
+    run_id: str
+    flow: str
+    score: int
+    level: int
+
+
 @dataclass(slots=True)
 class _FirstRead:
     """What the first round of a snapshot found that the second needs."""
 
-    flows: list[str]
-    heads: dict[str, int]
-    floor: float | None
+    #: (level, flow) of every flow read, highest level first.
+    flows: list[tuple[int, str]]
+    heads: dict[tuple[int, str], int]
+    floors: dict[int, float | None]
     limits: dict[str, Any]
     index_size: int
     ck_queued: int | None
@@ -415,12 +458,16 @@ class PositionOps(ReaderOps):
         queue, ck = text_of(h["queue"]), text_of(h["ck"] or "")
         tenant = text_of(h["tenant"]) if h["tenant"] else ""
         score = int(float(text_of(h["score"])))
+        level = _int(h["level"]) or K.BASE_LEVEL
         flow = K.flow_of(ck, tenant)
-        snap, ahead = await self.queue_snapshot(env, queue, at, now, run=(run_id, flow, score))
-        own = snap.flow(flow)
-        if own is not None and _cap_binds(snap, own, ahead or 0):
+        run = _Run(run_id, flow, score, level)
+        snap, rank = await self.queue_snapshot(env, queue, at, now, run=run)
+        own = snap.flow(flow, level)
+        assert own is not None
+        ahead = (rank or 0) + sum(f.ready for f in snap.flows if f.flow == flow and f.level < level)
+        if _cap_binds(snap, own, ahead):
             own.lease_starts = await self._lease_starts(read_keys(self.keys, env, queue, at), own)
-        return build_position(snap, run_id, flow, score, ahead or 0, ck, tenant)
+        return build_position(snap, run, rank or 0, ahead, ck, tenant)
 
     async def _lease_starts(self, keys: ReadKeys, own: Flow) -> list[int]:
         """When each run holding one of the flow's slots started (its lease start)."""
@@ -440,14 +487,14 @@ class PositionOps(ReaderOps):
         partition: int,
         now_ms: int,
         *,
-        run: tuple[str, str, int] | None = None,
+        run: _Run | None = None,
     ) -> tuple[QueueSnapshot, int | None]:
-        """One queue on one partition (see :class:`QueueSnapshot`), and with ``run``
-        (run id, flow, score) the runs ahead of that run in its flow."""
+        """One queue on one partition (see :class:`QueueSnapshot`), and with ``run`` the
+        runs ahead of that run in its flow at its level."""
         keys = read_keys(self.keys, env, queue, partition)
         snap, first = await self._snapshot_queue(keys, queue, now_ms)
-        if run is not None and run[1] not in first.flows:
-            first.flows.append(run[1])
+        if run is not None and (run.level, run.flow) not in first.flows:
+            first.flows.append((run.level, run.flow))
         ahead = await self._snapshot_flows(keys, snap, first, run)
         if first.index_size > MAX_FLOWS and first.ck_queued is not None:
             read = sum(f.queued for f in snap.flows if f.flow != K.KEYLESS_FLOW)
@@ -473,18 +520,18 @@ class PositionOps(ReaderOps):
             pipe.scard(q.inflight)
             pipe.get(q.ck_running_counter)
             pipe.get(q.ck_queued_counter)
-            pipe.zrange(q.ck_index, 0, MAX_FLOWS - 1, withscores=True)
-            pipe.zcard(q.ck_index)
-            pipe.zrange(q.queued, 0, 0, withscores=True)
             pipe.hget(q.buckets, "q")
-            pipe.zscore(keys.env.tenant_tags, K.FLOOR_MEMBER)
             for b in buckets:
                 pipe.hmget(keys.history(b), _HISTORY_READ)
+            for level in LEVELS:
+                pipe.zrange(keys.levels[level].ck_index, 0, MAX_FLOWS - 1, withscores=True)
+                pipe.zcard(keys.levels[level].ck_index)
+                pipe.zrange(keys.levels[level].queued, 0, 0, withscores=True)
+                pipe.zscore(keys.tenant_tags[level], K.FLOOR_MEMBER)
 
         raw = await self.pipeline(build)
-        config, env_running, keyless_slots, ck_running, ck_queued = raw[:5]
-        index, index_size, keyless_head, qbucket, floor = raw[5:10]
-        served = raw[10:]
+        config, env_running, keyless_slots, ck_running, ck_queued, qbucket = raw[:6]
+        served, per_level = raw[6 : 6 + len(buckets)], raw[6 + len(buckets) :]
         e = dict(zip(_ENV_FIELDS, config[: len(_ENV_FIELDS)], strict=True))
         c = dict(zip(_QUEUE_FIELDS, config[len(_ENV_FIELDS) :], strict=True))
         env_limit = _int(e["concurrency"]) or self.config.default_env_concurrency
@@ -514,12 +561,19 @@ class PositionOps(ReaderOps):
             run_ms=sum(_int(row[1]) or 0 for row in served),
         )
         snap.ck_running_known = ck_running is not None
-        heads = {text_of(m): int(s) for m, s in index}
-        if keyless_head:
-            heads = {K.KEYLESS_FLOW: int(keyless_head[0][1]), **heads}
+        heads: dict[tuple[int, str], int] = {}
+        floors: dict[int, float | None] = {}
+        index_size = 0
+        for i, level in enumerate(LEVELS):
+            index, size, keyless_head, floor = per_level[i * 4 : i * 4 + 4]
+            if keyless_head:
+                heads[(level, K.KEYLESS_FLOW)] = int(keyless_head[0][1])
+            heads.update(((level, text_of(m)), int(sc)) for m, sc in index)
+            floors[level] = None if floor is None else float(floor)
+            index_size = max(index_size, int(size))
         read = _FirstRead(
-            flows=list(heads), heads=heads, floor=None if floor is None else float(floor),
-            limits=c, index_size=int(index_size), ck_queued=_int(ck_queued),
+            flows=list(heads), heads=heads, floors=floors, limits=c, index_size=index_size,
+            ck_queued=_int(ck_queued),
         )  # fmt: skip
         return snap, read
 
@@ -528,11 +582,13 @@ class PositionOps(ReaderOps):
         keys: ReadKeys,
         snap: QueueSnapshot,
         first: _FirstRead,
-        run: tuple[str, str, int] | None,
+        run: _Run | None,
     ) -> int | None:
         """Round 2: each flow's runs, slots, caps, rates and tag (and the run's rank in
-        its flow)."""
-        q, c, now, names = keys.queue, first.limits, snap.now_ms, first.flows
+        its flow at its level)."""
+        q, c, now = keys.queue, first.limits, snap.now_ms
+        entries = first.flows
+        names = [name for _, name in entries]
         tenants = [flow_tenant(snap.queue, name) for name in names]
         fkeys = [K.split_flow(name)[1] for name in names]
         key_rate = (
@@ -545,12 +601,14 @@ class PositionOps(ReaderOps):
         )  # fmt: skip
 
         def build(pipe: Any) -> None:
-            for name in names:
-                pipe.zcard(keys.flow_queued(name))
-                pipe.zcount(keys.flow_queued(name), "-inf", now)
+            for (level, name), (tenant, _) in zip(entries, tenants, strict=True):
+                pipe.zcard(keys.flow_queued(level, name))
+                pipe.zcount(keys.flow_queued(level, name), "-inf", now)
                 pipe.scard(keys.flow_slots(name))
+                pipe.zscore(keys.tenant_tags[level], tenant)
+                pipe.hget(keys.levels[level].parked, f"t:{tenant}")
                 if run is not None:
-                    pipe.zcount(keys.flow_queued(name), "-inf", f"({run[2]}")
+                    pipe.zcount(keys.flow_queued(level, name), "-inf", f"({run.score}")
             tenant_names = [t for t, _ in tenants]
             pipe.hmget(q.key_caps, [k or "~" for k in fkeys])
             pipe.hmget(q.key_rates, [k or "~" for k in fkeys])
@@ -558,41 +616,38 @@ class PositionOps(ReaderOps):
             pipe.hmget(q.tenant_rates, tenant_names)
             pipe.hmget(q.tenant_running, tenant_names)
             pipe.hmget(q.buckets, [*(f"t:{t}" for t in tenant_names), *(f"k:{n}" for n in names)])
-            pipe.zmscore(keys.env.tenant_tags, tenant_names)
             pipe.hmget(keys.env.tenant_weights, tenant_names)
             pipe.hmget(q.key_weights, [k or "~" for k in fkeys])
-            pipe.hmget(q.parked, [f"t:{t}" for t in tenant_names])
             if run is not None:
-                pipe.zrank(keys.flow_queued(run[1]), run[0])
+                pipe.zrank(keys.flow_queued(run.level, run.flow), run.run_id)
 
         if not names:
             return None
         raw = await self.pipeline(build)
-        width = 4 if run is not None else 3
+        width = 6 if run is not None else 5
         per_flow, rest = raw[: width * len(names)], raw[width * len(names) :]
-        kcaps, krates, tcaps, trates, trunning, bucket_raw, tags, weights = rest[:8]
-        key_weights, parked = rest[8:10]
+        kcaps, krates, tcaps, trates, trunning, bucket_raw, weights, key_weights = rest[:8]
         n = len(names)
-        for i, name in enumerate(names):
+        for i, (level, name) in enumerate(entries):
             tenant, named = tenants[i]
             keyless = flow_keyless(name)
+            queued, ready, slots, tag, parked = per_flow[i * width : i * width + 5]
             f = Flow(
-                flow=name, tenant=tenant, named=named, head_ms=first.heads.get(name),
-                queued=int(per_flow[i * width]), ready=int(per_flow[i * width + 1]),
-                slots=int(per_flow[i * width + 2]),
+                flow=name, tenant=tenant, named=named, head_ms=first.heads.get((level, name)),
+                level=level, queued=int(queued), ready=int(ready), slots=int(slots),
                 key_cap=snap.limit if keyless or kcaps[i] is None else int(kcaps[i]),
                 tenant_cap=_int(tcaps[i]),
                 tenant_rate=_bucket(_rate(trates[i]) or tenant_rate, bucket_raw[i]),
                 key_rate=None if keyless else _bucket(_rate(krates[i]) or key_rate,
                                                       bucket_raw[n + i]),
                 weight=_weight(weights[i] if named or keyless else key_weights[i]),
-                tag=None if snap.order != "fair" else _key_tag(tags[i], parked[i], first.floor),
-                before_score=int(per_flow[i * width + 3]) if run is not None else 0,
+                tag=None if snap.order != "fair" else _key_tag(tag, parked, first.floors[level]),
+                before_score=int(per_flow[i * width + 5]) if run is not None else 0,
             )  # fmt: skip
             if named and trunning[i] is not None:
                 snap.tenant_running[tenant] = int(trunning[i])
             snap.flows.append(f)
-        rank = rest[10] if run is not None else None
+        rank = rest[8] if run is not None else None
         return None if rank is None else int(rank)
 
     async def _running_truth(
@@ -638,15 +693,18 @@ class PositionOps(ReaderOps):
 
 
 def build_position(
-    snap: QueueSnapshot, run_id: str, flow: str, score: int, ahead: int, ck: str, tenant: str
+    snap: QueueSnapshot, run: _Run, rank_in_level: int, ahead: int, ck: str, tenant: str
 ) -> RunPosition:
-    """A queued run's position from its queue's snapshot."""
-    own = snap.flow(flow)
+    """A queued run's position from its queue's snapshot: ``rank_in_level`` runs ahead of
+    it in its flow at its level, ``ahead`` with the flow's runs at higher levels."""
+    own = snap.flow(run.flow, run.level)
     assert own is not None
-    rank, among = _rank(snap, own)
-    gates = tuple(flow_gates(snap, own, score_ms=score))
+    level = snap.at_level(run.level)
+    rank, among = _rank(level, own)
+    gates = tuple(flow_gates(snap, own, score_ms=run.score))
+    higher = sum(f.ready for f in snap.flows if f.level < run.level)
     return RunPosition(
-        run_id=run_id,
+        run_id=run.run_id,
         status=RunStatus.QUEUED,
         now_ms=snap.now_ms,
         queue=snap.queue,
@@ -658,7 +716,9 @@ def build_position(
         rank=rank,
         ranked_among=among,
         gates=gates,
-        estimate=estimate_start(snap, own, score, ahead, gates),
+        estimate=estimate_start(level, own, run.score, rank_in_level, ahead, higher, gates),
+        level=run.level,
+        ahead_at_higher_levels=higher,
     )
 
 
@@ -767,17 +827,25 @@ def _cap_bound(snap: QueueSnapshot, own: Flow, ahead: int) -> int:
 
 
 def estimate_start(
-    snap: QueueSnapshot, own: Flow, score: int, ahead: int, gates: Sequence[Gate]
+    snap: QueueSnapshot,
+    own: Flow,
+    score: int,
+    ahead_in_level: int,
+    ahead: int,
+    higher: int,
+    gates: Sequence[Gate],
 ) -> StartEstimate | None:
-    """When a queued run is expected to start (see :func:`runs_before`): after the runs
-    before it at the queue's recent throughput, no earlier than it is due, and no earlier
-    than its key's and tenant's rate limits and caps allow its runs ahead of it."""
+    """When a queued run is expected to start: after the runs before it (the ready runs
+    of the higher priority levels, then :func:`runs_before` at its level, ``snap`` being
+    the snapshot at its level) at the queue's recent throughput, no earlier than it is
+    due, and no earlier than its key's and tenant's rate limits and caps allow its runs
+    ahead of it in its flow (``ahead``, at every level)."""
     if any(g.name == "paused" for g in gates):
         return None
     rate = snap.throughput_per_s()
     if rate <= 0:
         return None
-    before = runs_before(snap, own, ahead)
+    before = higher + runs_before(snap, own, ahead_in_level)
     at = snap.now_ms + math.ceil(before * 1000 / rate)
     for bucket in (own.key_rate, own.tenant_rate):
         if bucket is not None:
