@@ -77,22 +77,29 @@ async def test_handle_and_cli_show_where_a_run_stands(
     assert "1 of 2 queued in its flow" in text and "key's concurrency cap (1/1" in text
     assert "estimate:" in text
 
+    await job.trigger(9, delay=600)  # keyless, due in 10 minutes
     data = json.loads(cli("stats", "--env", env.id, "--json").stdout)
     (queue,) = data[0]["queues"]
     assert queue["backlog"] == {
         "servable": 0, "held": 2, "held_by": {**dict.fromkeys(queue["backlog"]["held_by"], 0),
                                               "key_cap": 2},
-        "delayed": 0, "running": 1,
+        "delayed": 1, "running": 1,
     }  # fmt: skip
     table = cli("stats", "--env", env.id).stdout
-    assert "Servable" in table and "Held" in table
+    header = next(line for line in table.splitlines() if "Servable" in line)
+    row = next(line for line in table.splitlines() if " jobs " in line)
+    cells = dict(zip(
+        [c.strip() for c in re.split("[┃│]", header)], [c.strip() for c in row.split("│")],
+        strict=True,
+    ))  # fmt: skip
+    assert (cells["Servable"], cells["Held"], cells["Delayed"]) == ("0", "2 (key_cap 2)", "1")
 
     metrics = (await metrics_text(rq)).decode()
     labels = f'env="{env.id}",queue="jobs"'
     assert f"fairq_queue_backlog_servable{{{labels}}} 0.0" in metrics
     held = f'fairq_queue_backlog_held{{env="{env.id}",gate="key_cap",queue="jobs"}} 2.0'
     assert held in metrics
-    assert f"fairq_queue_backlog_delayed{{{labels}}} 0.0" in metrics
+    assert f"fairq_queue_backlog_delayed{{{labels}}} 1.0" in metrics
     assert f'fairq_env_backlog_servable{{env="{env.id}"}} 0.0' in metrics
 
 

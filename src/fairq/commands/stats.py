@@ -31,6 +31,10 @@ def _limit(value: int | None) -> str:
 
 
 def _due(q: QueueView, now_ms: int) -> str:
+    """Runs not due yet: the backlog's count when it was read (every queued run not due),
+    else the queue's (known only while every queued run is), with when the first is due."""
+    if q.backlog is not None and q.backlog.delayed and q.next_due_ms is None:
+        return str(q.backlog.delayed)
     if not q.delayed:
         return ""
     if q.next_due_ms is None:
