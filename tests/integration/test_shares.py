@@ -364,3 +364,32 @@ async def test_a_sample_reads_the_oldest_ready_flows_up_to_its_bound(
     assert await rq.sample_shares(now_ms=START, flows=2) == 1
     fields = await rq.client.hgetall(rq.keys.queue(env, Q).shares(START // SHARES_BUCKET_MS))
     assert fields == {b"n": b"1", b"s:old/": b"0.5", b"s:mid/": b"0.5"}
+
+
+async def test_a_spread_environment_is_owed_partition_by_partition(
+    make_queue: Any, env: Environment
+) -> None:
+    """Each partition has a fair order of its own: a tenant is entitled to its weight's
+    share of what its partition served (the reader sums the partitions)."""
+    from fairq.keys import encode_tenant, tenant_partition
+
+    rq = await queue_for(make_queue, "fair", shard_count=8)
+    await rq.set_partitions(env, 2)
+    names = [f"t{i}" for i in range(40)]
+    by_part = {
+        p: [t for t in names if tenant_partition(encode_tenant(t), "", 2) == p] for p in (0, 1)
+    }
+    runs = {by_part[0][0]: 10, by_part[0][1]: 10, by_part[1][0]: 20}
+    for tenant, n in runs.items():
+        await enqueue_runs(rq, env, Q, f"{tenant}-", n, tenant=tenant, at=START - 100)
+    await rq.sample_shares(now_ms=START)
+    for _ in range(100):
+        got = await rq.dequeue(8, env=env, queues=[Q], now_ms=START)
+        if not got:
+            break
+        await rq.ack(got, now_ms=START + 100)
+    rows = by_tenant(await rq.tenant_shares(env, Q, window=10, now_ms=START + 100))
+    # env-wide it would be 40 / 3 each; per partition 20 x 1/2, 20 x 1/2 and 20 x 1
+    assert {t: (r.received, r.entitled) for t, r in rows.items()} == {
+        t: (float(n), float(n)) for t, n in runs.items()
+    }
