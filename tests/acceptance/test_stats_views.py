@@ -87,6 +87,10 @@ async def test_stats_json_and_the_dashboard_overview_agree(
     # pausing is a flag now: the queue keeps its limit (here: none) while paused
     assert reports["concurrency_limit"] is None
     assert from_cli["dead_lettered"] == 1
+    # the autoscaling figures are the dashboard's too
+    assert (emails["backlog"]["servable"], emails["backlog"]["held_by"]["key_cap"]) == (0, 4)
+    assert (reports["backlog"]["servable"], reports["backlog"]["held_by"]["paused"]) == (0, 1)
+    assert from_cli["backlog"]["held"] == 5 and from_app["backlog"] == from_cli["backlog"]
 
 
 async def test_stats_table_shows_the_same_rows(
@@ -106,7 +110,12 @@ async def test_stats_table_shows_the_same_rows(
     assert keys == ["tenant-a", "tenant-b", "tenant-c"]
     reports = next(cells for cells in lines if "reports" in cells)
     # queued running limit size-limit paused: pausing is a flag, not a limit of 0
-    assert reports[reports.index("reports") + 1 :] == ["1", "0", "-", "-", "age", "paused"]
+    # ... servable, held (by gate): the paused queue holds its one ready run
+    assert reports[reports.index("reports") + 1 :] == [
+        "1", "0", "-", "-", "0", "1", "(paused", "1)", "age", "paused",
+    ]  # fmt: skip
+    # the emails keys are at their cap of 2: 4 ready runs held by it, none servable
+    assert emails[emails.index("emails") + 1 :][3:8] == ["-", "0", "4", "(key_cap", "4)"]
 
 
 def test_stats_refuses_a_watch_interval_that_is_not_positive(redis_url: str, prefix: str) -> None:

@@ -280,11 +280,11 @@ def create_app(
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     async def index(request: Request) -> Response:
-        data = (await within(load_overview(rq))).to_json()
+        data = (await within(load_overview(rq, backlog=True))).to_json()
         return page("index.html", request, {"data": data})
 
     async def api_overview(request: Request) -> Response:
-        return JSONResponse((await within(load_overview(rq))).to_json())
+        return JSONResponse((await within(load_overview(rq, backlog=True))).to_json())
 
     async def queue_page(request: Request) -> Response:
         env, queue = _env_param(request), request.path_params["queue"]
