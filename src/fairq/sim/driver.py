@@ -13,9 +13,11 @@ step, in this order:
    all of its base queues, with several ``dequeue(n)`` across them (the store's
    selection strategy picks the environments); ``age`` is the age order, ``sfq`` the
    fair order (the scripts decide the order, the harness never does). The reference
-   models (``drr``, ``stride``) and CoDel's hoist instead choose one key and serve it
-   with a ``max_count`` 1 ``RunQueue.dequeue_variant`` (the chosen flow's oldest run;
-   the fair order's state does not move);
+   models (``drr``, ``stride``, ``tsfq``) and CoDel's hoist instead choose one key and
+   serve it with a ``max_count`` 1 ``RunQueue.dequeue_variant`` (the chosen flow's oldest
+   run of the base priority level; the fair order's state does not move), so a model's
+   runs are enqueued without a level and its queues do not age them (the record's label
+   names ``priority`` and ``aging`` as not applied);
 4. every delivered message is recorded with its step.
 
 Every limit of the scenario is a real gate on the server, set before the first step:
@@ -23,11 +25,14 @@ the environment limit and burst factor, ``per_key_cap`` / ``key_cap``
 (``set_queue_concurrency`` / ``set_key_concurrency``; grain ``queue``: the queue's own
 limit), ``tenant_cap`` (``set_tenant_concurrency``), ``total_cap``
 (``set_queue_total_concurrency``), ``rate`` (``set_rate_limit(..., key=...)``; grain
-``queue``: the queue's rate), ``borrow`` and ``charge`` (``set_queue_options``), and the
-tenant and key weights. The server's caps, totals and rates are per base queue: where a
-scenario's unit spans several queues (a capped tenant on several queues, a total cap
-over several queues, a rate-limited owner of several queues at grain ``queue``) each
-queue gets the limit, and :func:`per_queue_fields` names the field in the record's label.
+``queue``: the queue's rate), ``borrow`` and ``charge`` (``set_queue_options``), the
+tenant and key weights, a group's ``priority`` (every message's level at enqueue; the
+queues get 9 levels when a group asks for one above 5) and ``aging`` (the queues'
+``max_wait_promote``, ``aging`` steps). The server's caps, totals and rates are per base
+queue: where a scenario's unit spans several queues (a capped tenant on several queues, a
+total cap over several queues, a rate-limited owner of several queues at grain ``queue``)
+each queue gets the limit, and :func:`per_queue_fields` names the field in the record's
+label.
 
 Steps on which nothing can change are skipped (the previous call served nothing and no
 ack, arrival or time-gated run is due); nothing sleeps. The messages themselves (arrival
@@ -46,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from fairq.config import MAX_LIMIT, RunQueueConfig, VirtualTimeOptions
-from fairq.keys import Environment
+from fairq.keys import DEFAULT_PRIORITY_LEVELS, MAX_LEVELS, Environment, default_level
 from fairq.models import Delivery, DequeueBatch, EnqueueRequest
 from fairq.server import AnyRedis
 from fairq.sim.admission import TwoLevelModel
@@ -59,6 +64,10 @@ from fairq.store import RunQueue
 SIM_LEASE_MS = 86_400_000
 #: Scenario fields the driver does not apply (see :func:`unapplied_fields`): none.
 NOT_APPLIED: tuple[str, ...] = ()
+#: Fields the reference models do not apply: they serve a flow with ``dequeue_variant``,
+#: which reads the base level's runs only, so their runs are enqueued without a level and
+#: their queues do not promote (a run at another level would never be served).
+LEVEL_FIELDS: Final = ("priority", "aging")
 #: Queues one dequeue call may name (the script's bound).
 MAX_QUEUES_PER_CALL: Final = 1000
 #: Commands that are the harness's own bookkeeping, not the queue's work.
@@ -84,7 +93,9 @@ def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
         "borrow": discipline.borrow(scenario.borrow),
         "charge": discipline.name == "sfq" and discipline.charge(scenario.charge) == "duration",
         "queue": any(g.queue is not None for g in groups),
+        "priority": any(g.priority is not None for g in groups),
         "pools": bool(scenario.pools),
+        "aging": scenario.aging is not None,
         # the model's admission rule and fair state per pool (options, like charge)
         "admit": discipline.options.get("admit", "floor") != "floor",
         "state": discipline.options.get("state", "env") != "env",
@@ -93,8 +104,38 @@ def fields_in_use(scenario: Scenario, discipline: Discipline) -> list[str]:
 
 
 def unapplied_fields(scenario: Scenario, discipline: Discipline) -> list[str]:
-    """The fields in use that this driver does not apply (the run ignores them)."""
-    return [name for name in fields_in_use(scenario, discipline) if name in NOT_APPLIED]
+    """The fields in use that this driver does not apply (the run ignores them): those
+    of :data:`NOT_APPLIED`, and for a reference model (not ``discipline.real``) the
+    priority levels (:data:`LEVEL_FIELDS`)."""
+    return [
+        name
+        for name in fields_in_use(scenario, discipline)
+        if name in NOT_APPLIED or (name in LEVEL_FIELDS and not levels_apply(discipline))
+    ]
+
+
+def levels_apply(discipline: Discipline) -> bool:
+    """Whether a run enqueues at the groups' priority levels and ages them: only the real
+    scripts (age, sfq, and CoDel around them) serve every level."""
+    return discipline.real
+
+
+def queue_levels(scenario: Scenario) -> int | None:
+    """The ``priority_levels`` the queues need: None (the default, 5) unless a group asks
+    for a level above 5, then :data:`~fairq.keys.MAX_LEVELS` (whose middle level is 5)."""
+    highest = max((g.priority or 0 for g in scenario.groups), default=0)
+    return MAX_LEVELS if highest > DEFAULT_PRIORITY_LEVELS else None
+
+
+def group_levels(scenario: Scenario, discipline: Discipline) -> dict[str, int]:
+    """Each group's priority level when the run applies levels (the group's own, else the
+    queues' middle level), else nothing: the record reports these."""
+    if not levels_apply(discipline) or not (
+        scenario.aging is not None or any(g.priority is not None for g in scenario.groups)
+    ):
+        return {}
+    middle = default_level(queue_levels(scenario) or DEFAULT_PRIORITY_LEVELS)
+    return {g.name: g.priority or middle for g in scenario.groups}
 
 
 def _places(w: Workload, keys: Sequence[str]) -> set[tuple[Environment, str]]:
@@ -129,6 +170,8 @@ class Trace:
     """
 
     workload: Workload
+    #: Each group's priority level, when the run enqueued at levels (else empty).
+    group_level: dict[str, int] = field(default_factory=dict)
     serve_step: dict[str, int] = field(default_factory=dict)
     release_step: dict[str, int] = field(default_factory=dict)
     served_from: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -195,7 +238,11 @@ class Simulation:
         )
         self.rq = RunQueue(client, config, rng=random.Random(f"select/{scenario.name}/{seed}"))
         self.workload = generate(scenario, seed)
-        self.trace = Trace(self.workload)
+        self.trace = Trace(self.workload, group_levels(scenario, discipline))
+        #: The level each group's messages are enqueued at (None: none named).
+        self.level_of = {
+            g.name: g.priority if levels_apply(discipline) else None for g in scenario.groups
+        }
         w = self.workload
         self.model: Model | TwoLevelModel | None = (
             make_model(discipline, w.key_weight, w.keys, w.key_tenant, w.tenant_weight)
@@ -266,6 +313,12 @@ class Simulation:
                 options["borrow"] = True
             if self.charge == "duration":
                 options["charge"] = "duration"
+            if levels_apply(self.discipline):
+                levels = queue_levels(s)
+                if levels is not None:
+                    options["priority_levels"] = levels
+                if s.aging is not None:
+                    options["max_wait_promote"] = s.aging * STEP_MS / 1000
             if options:
                 for q in queues:
                     await rq.set_queue_options(env, q, **options)
@@ -351,6 +404,7 @@ class Simulation:
                             m.key if grain_ck else None,
                             available_at_ms=m.score_ms,
                             tenant=self._named_tenant(m),
+                            priority=self.level_of[m.group],
                         )
                         for m in batch
                     ],

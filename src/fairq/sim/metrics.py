@@ -6,7 +6,7 @@ Record shape (one per scenario x discipline x seed)::
      "groups": {NAME: {"mean_wait": float, "p50_wait": int, "p99_wait": int,
                        "max_wait": int, "first_serve_step": int | null,
                        "served": int, "contention_share": float | null,
-                       "slot_share": float | null}},
+                       "slot_share": float | null, "priority": int}},
      "tenants": {NAME: {"weight": float, "keys": int, "mean_wait": float,
                         "p95_wait": int, "max_wait": int,
                         "first_serve_step": int | null, "served": int,
@@ -14,6 +14,8 @@ Record shape (one per scenario x discipline x seed)::
      "makespan": int, "contention_worst_share": float, "worst_key_mean_wait": float,
      "enqueued": int, "served": int, "duplicates": int, "commands_per_serve": float}
 
+* priority: the group's priority level, only when the run enqueued at levels (the
+  scenario sets a group's ``priority`` or ``aging``, and the discipline applies them).
 * wait: steps from a message's arrival to its (first) serve; percentiles are nearest-rank.
 * first_serve_step: the step of the group's (tenant's) first serve (absolute).
 * makespan: the step of the last serve.
@@ -236,6 +238,8 @@ def record(trace: Trace, *, scenario: str, discipline: str, seed: int) -> Record
             "contention_share": round(g_got / g_owed, 4) if g_owed > 1e-9 else None,
             "slot_share": _share(slot_got.get(group, 0.0), slot_owed.get(group, 0.0)),
         }
+        if group in trace.group_level:
+            groups[group]["priority"] = trace.group_level[group]
     identity = {t: t for t in w.tenants}
     t_got, t_owed = contention(trace, w.key_tenant, w.tenant_weight)
     t_slot_got, t_slot_owed = slot_steps(trace, w.key_tenant, identity, w.tenant_weight)

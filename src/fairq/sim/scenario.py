@@ -21,6 +21,8 @@ Top-level fields (defaults in brackets)::
     borrow          bool [false]                charge        "count" | "duration" ["count"]
     shards          int 1..64 [1]   partitions each environment is spread over (its
                     tenants by a hash of their name; see docs/cluster.md)
+    aging           int >= 1 [none]  steps a run waits before it moves up one priority
+                    level (the queues' ``max_wait_promote``, aging x 1 s)
     [[groups]]      one or more GROUP tables
     [[pools]]       POOL tables [none: one consumer serves every queue]
 
@@ -40,7 +42,9 @@ Top-level fields (defaults in brackets)::
            rate (float > 0, runs started per step per key) [none],
            rate_burst (int >= 1, needs rate) [1],
            queue (int >= 0, grain ck: every key on base queue ``queue``, instead of
-           spreading over ``queues``) [none]
+           spreading over ``queues``) [none],
+           priority (int 1..9, 1 the highest: the level every message of the group is
+           enqueued at) [none: the queues' middle level]
     A tenant's groups must agree on tenant_weight and tenant_cap (a group that leaves one
     out takes the value its tenant's other groups give). The keys of a group spread
     round-robin over its environments, then over its queues: key i is in environment
@@ -67,6 +71,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fairq.errors import FairqError
+from fairq.keys import MAX_LEVELS
 
 Grain = Literal["ck", "queue"]
 Charge = Literal["count", "duration"]
@@ -153,6 +158,8 @@ class Group:
     rate: Rate | None = None
     #: grain ck: the base queue index every key of the group is on (None: ``queues``)
     queue: int | None = None
+    #: The priority level of the group's messages (None: the queues' middle level).
+    priority: int | None = None
 
     def key_name(self, i: int) -> str:
         """The name of the group's key ``i`` (0-based)."""
@@ -191,6 +198,8 @@ class Scenario:
     shards: int = 1
     #: Consumer pools (none: one consumer serves every queue).
     pools: tuple[Pool, ...] = ()
+    #: Steps a waiting run takes to move up one priority level (None: no aging).
+    aging: int | None = None
 
     @property
     def total_messages(self) -> int:
@@ -402,6 +411,11 @@ class _Checker:
             ),
             rate=rate,
             queue=queue,
+            priority=(
+                self.integer(g["priority"], f"{path}.priority", 1, MAX_LEVELS)
+                if "priority" in g
+                else None
+            ),
         )
 
     def pools(self, raw: object, groups: list[Group], grain: Grain) -> tuple[Pool, ...]:
@@ -487,12 +501,12 @@ class _Checker:
 _TOP_FIELDS = {
     "name", "description", "grain", "env_concurrency", "burst_factor", "max_count",
     "hold_steps", "per_key_cap", "total_cap", "steps_limit", "disciplines", "groups",
-    "borrow", "charge", "shards", "pools",
+    "borrow", "charge", "shards", "pools", "aging",
 }  # fmt: skip
 _GROUP_FIELDS = {
     "name", "keys", "messages_per_key", "weight", "arrival", "hold_steps", "queues_per_key",
     "tenant", "tenant_weight", "queues", "envs", "key_cap", "tenant_cap", "rate", "rate_burst",
-    "queue",
+    "queue", "priority",
 }  # fmt: skip
 #: Largest number of environments (and of base queues) one group may spread over.
 MAX_SPREAD = 1000
@@ -522,6 +536,7 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
     steps_limit = c.integer(data.get("steps_limit", 100_000), "steps_limit", 1, MAX_STEPS)
     borrow = c.boolean(data.get("borrow", False), "borrow")
     shards = c.integer(data.get("shards", 1), "shards", 1, MAX_SHARDS)
+    aging = c.integer(data["aging"], "aging", 1, MAX_STEPS) if "aging" in data else None
     charge = data.get("charge", "count")
     if charge not in ("count", "duration"):
         raise c.fail("charge", f'must be "count" or "duration", got {charge!r}')
@@ -570,6 +585,7 @@ def parse_scenario(data: dict[str, Any], *, source: str, default_name: str = "")
         charge=charge,
         shards=shards,
         pools=pools,
+        aging=aging,
     )
     if sum(g.keys for g in groups) > MAX_KEYS:
         raise c.fail("groups", f"more than {MAX_KEYS} keys in all")
