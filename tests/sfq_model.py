@@ -227,7 +227,7 @@ class SfqModel:
     max_per_key: int | None = None
     #: the admission rule for new tenants: "floor" (the scripts today) | "budget" (the
     #: design study's: see :meth:`_admit_new`); its budget and the newcomers' share
-    admit: str = "floor"
+    admit: str = "budget"
     free: int = 1
     newcomer_weight: float = 1.0
     #: the newcomer clock, the floor epoch of the last counted new tenant, and how many

@@ -13,6 +13,7 @@ from fairq.errors import ConfigurationError, InvalidNameError, short
 from fairq.keys import validate_prefix
 
 JoinPolicy = Literal["floor", "behind_leader"]
+Admission = Literal["floor", "budget"]
 ChargeMode = Literal["count", "duration"]
 Order = Literal["age", "fair"]
 
@@ -108,6 +109,10 @@ class VirtualTimeOptions:
             at the environment's virtual time.
         arrival_cap: with ``behind_leader``, how far above the floor a newcomer may start
             (finite: a newcomer waits at most this many quanta of extra service).
+        admission: where a tenant new to the fair order (no tag yet) starts: ``budget``
+            (the first new tenant of each quantum of virtual time starts at the floor, the
+            others share one newcomers' clock, so a flood of fresh tenants takes about one
+            tenant's share) or ``floor`` (plain SFQ: every new tenant at the floor).
         charge: ``count`` charges one quantum per run; ``duration`` charges its run time
             (``charge_unit_ms`` = one quantum), corrected when the run ends.
         charge_unit_ms: the run time charged as one quantum with ``charge = "duration"``.
@@ -119,6 +124,7 @@ class VirtualTimeOptions:
     state_ttl_seconds: int = 86_400
     join_policy: JoinPolicy = "floor"
     arrival_cap: float = 1.0
+    admission: Admission = "budget"
     charge: ChargeMode = "count"
     charge_unit_ms: int = 1_000
 
@@ -144,6 +150,10 @@ class VirtualTimeOptions:
         _check(
             self.join_policy in ("floor", "behind_leader"),
             f"join_policy must be 'floor' or 'behind_leader', got {short(self.join_policy)}",
+        )
+        _check(
+            self.admission in ("floor", "budget"),
+            f"admission must be 'floor' or 'budget', got {short(self.admission)}",
         )
         _check(
             _is_number(self.arrival_cap) and 0 <= self.arrival_cap <= 1e10,
@@ -298,6 +308,7 @@ class RunQueueConfig:
         read("FAIRQ_CK_VTIME_STATE_TTL_SECONDS", int, vt, "state_ttl_seconds")
         read("FAIRQ_CK_VTIME_JOIN_POLICY", str, vt, "join_policy")
         read("FAIRQ_CK_VTIME_ARRIVAL_CAP", float, vt, "arrival_cap")
+        read("FAIRQ_CK_VTIME_ADMISSION", str, vt, "admission")
         read("FAIRQ_CK_VTIME_CHARGE", str, vt, "charge")
         read("FAIRQ_PREFIX", str, top, "prefix")
         read("FAIRQ_SHARD_COUNT", int, top, "shard_count")

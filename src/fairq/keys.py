@@ -63,6 +63,9 @@ Per environment (``V`` = ``T:e:E``, keys ``V:<name>``)
                      and ``~floor`` -> the environment's tenant virtual time (monotonic;
                      no encoded name contains ``~``)
   tw           HASH  tenant -> weight (sparse, default 1)
+  newcomers    HASH  the admission of new tenants (fair order, ``admission = budget``):
+                     ``clock`` (the newcomers' virtual clock), ``epoch`` (the floor's
+                     quantum it counts in) and ``joined`` (new tenants in that epoch)
   schedules    HASH  schedule name -> its last claimed tick (ms): each tick enqueues once
   audit        LIST  admin actions (JSON: at, who, action, target, detail), newest first,
                      bounded, with a TTL
@@ -204,6 +207,7 @@ ENV_KEYS: Final = {
     "gated": "gated",
     "tenant_tags": "tt",
     "tenant_weights": "tw",
+    "newcomers": "newcomers",
     "schedules": "schedules",
     "audit": "audit",
     "quota": "quota",
@@ -242,7 +246,7 @@ LEVEL_QUEUE_KEYS: Final = ("queued", "ck_index", "ready_tenants", "parked", "par
 FAIR_ORDER_KEYS: Final = frozenset(
     {
         "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants", "parked",
-        "parked_due", "key_weights",
+        "parked_due", "key_weights", "newcomers",
     }
 )  # fmt: skip
 #: Name parts between the tag and the identifiers.
@@ -452,6 +456,7 @@ class EnvKeys:
     gated: str
     tenant_tags: str
     tenant_weights: str
+    newcomers: str
     schedules: str
     audit: str
     quota: str

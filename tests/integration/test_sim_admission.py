@@ -46,13 +46,14 @@ async def test_a_flood_of_fresh_tenants_meets_the_bound_only_with_the_budget(
 ) -> None:
     waits = {
         d: wait((await run(redis_url, "floodFreshFlows", d))[0], "steady")
-        for d in ("age", "sfq", "tsfq", "tsfq:admit=budget")
+        for d in ("age", "sfq", "sfq:admit=floor", "tsfq", "tsfq:admit=budget")
     }
     print(f"\n[floodFreshFlows] steady wait {waits}")
     bound = 1.5 * waits["age"]
-    assert waits["sfq"] > bound  # the floor join of the scripts
+    assert waits["sfq:admit=floor"] > bound  # the floor join of the scripts
     assert waits["tsfq"] > bound  # and of the model
     assert waits["tsfq:admit=budget"] <= bound
+    assert waits["sfq"] <= bound  # the scripts' default admission is the budget
 
 
 def serves_before_first(trace: Trace, key: str) -> int:
@@ -67,7 +68,9 @@ def serves_before_first(trace: Trace, key: str) -> int:
     )
 
 
-@pytest.mark.parametrize("discipline", ["tsfq", "tsfq:admit=budget", "tsfq:admit=clock"])
+@pytest.mark.parametrize(
+    "discipline", ["tsfq", "tsfq:admit=budget", "tsfq:admit=clock", "sfq", "sfq:admit=floor"]
+)
 async def test_a_late_newcomer_behind_30_keys_is_served_within_one_round(
     redis_url: str, discipline: str
 ) -> None:
@@ -85,9 +88,11 @@ async def test_a_late_newcomer_behind_30_keys_is_served_within_one_round(
 async def test_a_tenant_split_into_40_keys_gains_nothing_from_the_budget(redis_url: str) -> None:
     """floodSybil: the 40 keys arrive once the light key is served; ckSybil: 20 keys
     before anyone (the rule does not act: the same order as the floor join)."""
-    for scenario, better in (("floodSybil", True), ("ckSybil", False)):
-        floor, _ = await run(redis_url, scenario, "tsfq")
-        budget, _ = await run(redis_url, scenario, "tsfq:admit=budget")
+    cases = [(s, better, model) for s, better in (("floodSybil", True), ("ckSybil", False))
+             for model in (True, False)]  # fmt: skip
+    for scenario, better, model in cases:  # the reference model, then the real scripts
+        floor, _ = await run(redis_url, scenario, "tsfq" if model else "sfq:admit=floor")
+        budget, _ = await run(redis_url, scenario, "tsfq:admit=budget" if model else "sfq")
         waits = (wait(floor, "light"), wait(budget, "light"))
         print(f"\n[{scenario}] light wait floor {waits[0]}, budget {waits[1]}")
         assert waits[1] <= waits[0]

@@ -396,7 +396,7 @@ async def test_floor_key_lost_newcomer_does_not_take_every_serve(
     """V:tfloor deleted while tags remain (and a long-drained tenant's low tag is still in
     V:tt): a newcomer does not take every following serve; in the next 10 it gets at most
     a fair third plus its one joining serve (5)."""
-    rq = await fair(make_queue)
+    rq: RunQueue = await make_queue(vtime={"enabled": True, "admission": "floor"})
     await rq.enqueue(env, QUEUE, "old0", None, concurrency_key="old", available_at_ms=T0, now_ms=T0)
     await rq.ack(await rq.dequeue(5, env=env, queues=[QUEUE], now_ms=T0 + 1), now_ms=T0 + 1)
     await _busy_pair(rq, env, 60, 20, 2)

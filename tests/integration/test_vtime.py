@@ -427,7 +427,8 @@ async def test_cold_start_registers_every_variant_in_the_first_call(
     for j in range(3):
         for i, ck in enumerate(keys):
             await enq(off, env, ck, f"{ck}-{j}", T0 + j * 1000 + i)
-    on = await fair_queue(make_queue)
+    # the floor join (admission 'floor'): discovery alone decides when a variant joins
+    on = await fair_queue(make_queue, admission="floor")
     q = on.keys.queue(env, QUEUE)
     assert await fair_keys(on) == []
     first_served: dict[str, int] = {}
@@ -449,7 +450,7 @@ async def test_floor_advances_past_a_gated_low_tag(make_queue: Any, env: Environ
     """A gated variant stuck at tag 0 does not pin the floor: the floor follows the start
     tags actually served, and a newcomer joins there (not at 0, which would let it take
     many serves in a row ahead of the active keys)."""
-    rq = await fair_queue(make_queue, max_per_key_per_call=10)
+    rq = await fair_queue(make_queue, max_per_key_per_call=10, admission="floor")
     await rq.set_queue_concurrency(env, QUEUE, 1)
     await enq(rq, env, "gated", "g0", T0)
     await enq(rq, env, "gated", "g1", T0 + 1)

@@ -358,7 +358,9 @@ def fresh_key_flood(seed: int, tenant: str | None = None) -> list[Arrival]:
     return out
 
 
-BEHIND = {"enabled": True, "join_policy": "behind_leader", "arrival_cap": 8.0}
+BEHIND = {
+    "enabled": True, "join_policy": "behind_leader", "arrival_cap": 8.0, "admission": "floor",
+}  # fmt: skip
 
 
 async def test_join_policy_trade_off_light_key_behind_a_sharded_backlog(make_queue: Any) -> None:
@@ -381,13 +383,16 @@ async def test_join_policy_trade_off_fresh_key_flood(make_queue: Any) -> None:
     with the fresh keys under the attacker's tenant, both policies do at least as well as
     the age order."""
     arr = fresh_key_flood(0)
-    off, floor = await both(make_queue, arr)
+    off, floor = await both(make_queue, arr, admission="floor")
     assert floor.mean_wait("steady") > off.mean_wait("steady")  # the flood exploits 'floor'
     leader: RunQueue = await make_queue(vtime=BEHIND)
     behind = await run_scenario(leader, Environment("org1", "proj1", "behind"), arr)
     assert behind.mean_wait("steady") == floor.mean_wait("steady")
+    # the default admission of new tenants ('budget') holds the flood to about one share
+    _, budget = await both(make_queue, arr, tag="budget")
+    assert budget.mean_wait("steady") <= 1.5 * off.mean_wait("steady")
     named = fresh_key_flood(0, tenant="attacker")
-    off_n, floor_n = await both(make_queue, named, tag="named")
+    off_n, floor_n = await both(make_queue, named, tag="named", admission="floor")
     leader_n: RunQueue = await make_queue(vtime=BEHIND)
     behind_n = await run_scenario(leader_n, Environment("org1", "proj1", "behindn"), named)
     assert floor_n.mean_wait("steady") <= off_n.mean_wait("steady")

@@ -146,9 +146,11 @@ def test_a_tenant_split_into_40_keys_gains_nothing_from_the_budget(start: int) -
     assert waits["budget"] <= waits["floor"]
 
 
-def test_the_rule_is_off_by_default() -> None:
-    assert SfqModel().admit == "floor"
+def test_the_rule_is_on_by_default() -> None:
+    """The model's default is the scripts' (VirtualTimeOptions.admission = 'budget'),
+    and on a flood it orders otherwise than the floor join."""
+    assert SfqModel().admit == "budget"
     arrivals = flood()
-    default = drain(arrivals, order="fair", slots=4, hold=2)
+    budget = drain(arrivals, order="fair", slots=4, hold=2, admit="budget")
     floor = drain(arrivals, order="fair", slots=4, hold=2, admit="floor")
-    assert default.order == floor.order
+    assert budget.order != floor.order

@@ -27,8 +27,10 @@ total_cap                all                    real total gate per base queue (
 borrow                   all                    ``true`` | ``false``: capped keys may borrow
                                                 idle slots (overrides the scenario's)
 target, interval         codel                  standing-delay target and interval (steps)
-admit                    tsfq                   ``floor`` | ``clock`` | ``epoch`` | ``budget``:
-                                                where a new tenant starts
+admit                    sfq, tsfq              ``floor`` | ``clock`` | ``epoch`` | ``budget``:
+                                                where a new tenant starts (sfq, the real
+                                                scripts: ``floor`` or ``budget``, the
+                                                default)
 free                     tsfq                   with budget: new tenants per floor epoch that
                                                 join at the floor (default 1)
 newcomer_weight          tsfq                   the newcomers' share, in tenants (default 1)
@@ -57,6 +59,7 @@ _OPTIONS: dict[str, dict[str, type]] = {
         "borrow": bool,
     },
     "sfq": {
+        "admit": str,
         "join": str,
         "arrival_cap": float,
         "quantum": float,
@@ -170,6 +173,8 @@ def _convert(name: str, option: str, raw: str, kind: type) -> object:
         raise DisciplineError(f"{name}: option {option}={raw!r} must be {expected}") from None
     if option == "join" and value not in ("floor", "behind_leader"):
         raise DisciplineError(f"{name}: join must be 'floor' or 'behind_leader', got {raw!r}")
+    if option == "admit" and name == "sfq" and value not in ("floor", "budget"):
+        raise DisciplineError(f"{name}: admit must be 'floor' or 'budget', got {raw!r}")
     if option == "admit" and value not in ADMIT_RULES:
         raise DisciplineError(f"{name}: admit must be one of {', '.join(ADMIT_RULES)}, got {raw!r}")
     if option == "state" and value not in STATES:

@@ -225,6 +225,7 @@ class Simulation:
             scan_window_multiplier=int(opts.get("window", default.scan_window_multiplier)),  # type: ignore[call-overload]
             join_policy=str(opts.get("join", default.join_policy)),  # type: ignore[arg-type]
             arrival_cap=float(opts.get("arrival_cap", default.arrival_cap)),  # type: ignore[arg-type]
+            admission=str(opts.get("admit", default.admission)) if self.fair else "floor",  # type: ignore[arg-type]
             charge_unit_ms=STEP_MS,
         )
         config = RunQueueConfig(

@@ -38,6 +38,7 @@ CONTEXT_FIELDS: Final[tuple[tuple[str, Kind], ...]] = (
     ("default_window", "int"),
     ("default_join", "str"),
     ("default_arrival_cap", "float"),
+    ("default_admission", "str"),
     ("default_charge", "str"),
     ("charge_unit_ms", "int"),
     ("recent_runs", "int"),
@@ -63,6 +64,7 @@ class ScriptContext:
     default_window: int
     default_join: str
     default_arrival_cap: float
+    default_admission: str
     default_charge: str
     charge_unit_ms: int
     recent_runs: int
@@ -88,6 +90,7 @@ class ScriptContext:
             default_window=vt.scan_window_multiplier,
             default_join=vt.join_policy,
             default_arrival_cap=vt.arrival_cap,
+            default_admission=vt.admission,
             default_charge=vt.charge,
             charge_unit_ms=vt.charge_unit_ms,
             recent_runs=config.recent_runs,

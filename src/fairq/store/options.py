@@ -74,6 +74,7 @@ _WINDOW = Option("int", 1, 100, help="candidates considered per run asked for")
 _JOIN = Option("word", words=("floor", "behind_leader"), help="where a new key starts")
 _ARRIVAL_CAP = Option("float", 0, 1e10, help="how far above the floor a new key may start")
 _CHARGE = Option("word", words=("count", "duration"), help="charge per run or per run time")
+_ADMISSION = Option("word", words=("floor", "budget"), help="where a new tenant starts")
 
 #: Options of an environment (also the defaults of its queues where a queue has the same).
 ENV_OPTIONS: Final[dict[str, Option]] = {
@@ -87,6 +88,7 @@ ENV_OPTIONS: Final[dict[str, Option]] = {
     "join": _JOIN,
     "arrival_cap": _ARRIVAL_CAP,
     "charge": _CHARGE,
+    "admission": _ADMISSION,
     "weights": Option("flag", internal=True, help="some tenant of the env has a weight"),
 }
 
@@ -110,6 +112,7 @@ QUEUE_OPTIONS: Final[dict[str, Option]] = {
     "join": _JOIN,
     "arrival_cap": _ARRIVAL_CAP,
     "charge": _CHARGE,
+    "admission": _ADMISSION,
     "weights": Option("flag", internal=True, help="some key of the queue has a weight"),
     "overrides": Option("flag", internal=True, help="the queue has cap or rate overrides"),
     "named": Option("flag", internal=True, help="some flow of the queue has a named tenant"),

@@ -53,6 +53,7 @@ local function queue_config(X, env, name, raw, offset)
     quantum = q.quantum or e.quantum or C.default_quantum,
     window = q.window or e.window or C.default_window,
     join = q.join or e.join or C.default_join,
+    admission = q.admission or e.admission or C.default_admission,
     arrival_cap = q.arrival_cap or e.arrival_cap or C.default_arrival_cap,
     charge = q.charge or e.charge or C.default_charge,
     priority_levels = q.priority_levels or DEFAULT_PRIORITY_LEVELS,

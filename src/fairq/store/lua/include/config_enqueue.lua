@@ -12,7 +12,7 @@ end
 -- The few options an enqueue reads, in one small HMGET instead of the queue's whole
 -- config: its size limit, order and named flag; with `joining` (the fair build) also
 -- what registering a new tenant or key needs (parked flag, join policy, quantum,
--- arrival cap). A queue context with only those settings, by the same fallbacks as
+-- arrival cap, admission). A queue context with only those settings, by the same fallbacks as
 -- queue_config (the queue's, else the environment's, else the process default). The
 -- field lists are kept per queue name (a bounded number, as config_fields does).
 -- Returns env, {name -> queue}.
@@ -29,6 +29,8 @@ local function enqueue_field_list(name, joining)
       fields[#fields + 1] = config_field(name, option)
     end
     fields[#fields + 1] = config_field(name, 'parked')
+    fields[#fields + 1] = 'admission'
+    fields[#fields + 1] = config_field(name, 'admission')
   end
   return fields
 end
@@ -64,6 +66,8 @@ local function enqueue_config_read(X, V, env_id, name, joining)
     Q.arrival_cap = option_value('float', raw[14]) or option_value('float', raw[13])
       or C.default_arrival_cap
     Q.parked = option_value('flag', raw[15]) or false
+    Q.admission = option_value('word', raw[17]) or option_value('word', raw[16])
+      or C.default_admission
   end
   return env, {[name] = Q}
 end

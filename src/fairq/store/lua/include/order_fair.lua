@@ -115,13 +115,42 @@ end
 
 -- ------------------------------------------------------------------ joining
 
--- Where a tenant (re)joins: max(floor, its stored tag); a tenant never seen joins at
--- the floor, so a newcomer is served within one round of the tenants.
-local function tenant_join(X, V, tenant)
+--- The admission of new tenants (admission = 'budget'): this many new tenants per quantum
+--- of the floor join at the floor; the others share the newcomers' clock, which every
+--- new tenant advances by quantum / NEWCOMER_WEIGHT.
+local NEWCOMERS_FREE = 1
+local NEWCOMER_WEIGHT = 1
+
+-- Where a tenant new to V:tt starts under admission 'budget' (V:newcomers keeps the
+-- clock, the floor epoch and how many joined in it); its tag goes into V:tt at once, so
+-- its other queues and the serve's attach read it.
+local function admit_new(X, Q, V, floor, tenant)
+  local key = env_key(V, 'newcomers')
+  local raw = redis.call('HMGET', key, 'clock', 'epoch', 'joined')
+  local clock, epoch, joined = tonumber(raw[1]) or 0, tonumber(raw[2]) or -1, tonumber(raw[3]) or 0
+  local now_epoch = math.floor(floor / Q.quantum + 1e-9)
+  if now_epoch ~= epoch then epoch, joined = now_epoch, 0 end
+  local tag = floor
+  if joined >= NEWCOMERS_FREE then tag = math.max(floor, clock) end
+  clock = math.max(floor, clock) + Q.quantum / NEWCOMER_WEIGHT
+  redis.call('HSET', key, 'clock', exact(clock), 'epoch', epoch, 'joined', joined + 1)
+  redis.call('EXPIRE', key, X.C.state_ttl)
+  redis.call('ZADD', env_key(V, 'tenant_tags'), tag, tenant)
+  return tag
+end
+
+-- Where a tenant (re)joins the order of Q's level: max(floor, its stored tag); a tenant
+-- never seen joins at the floor (admission 'floor'), or by admit_new ('budget') once the
+-- floor is stored (before any fair serve there is nobody to protect). So a newcomer is
+-- served within one round of the tenants, and a flood of them takes about one share.
+local function tenant_join(X, Q, tenant)
+  local V = Q.OV
   local floor = tenant_floor(X, V)
   local stored = tonumber(redis.call('ZSCORE', env_key(V, 'tenant_tags'), tenant))
-  if stored ~= nil and stored > floor then return stored end
-  return floor
+  if stored ~= nil then return stored > floor and stored or floor end
+  queue_conf(X, Q)
+  if Q.admission ~= 'budget' or not X.tfloor[V].stored then return floor end
+  return admit_new(X, Q, V, floor, tenant)
 end
 
 -- The virtual time of a tenant's keys in Q: the member FLOOR_MEMBER of its key set.
@@ -180,7 +209,7 @@ local function register_pair(X, Q, tenant)
   local tq = queue_key(Q.OB, 'ready_tenants')
   if redis.call('ZSCORE', tq, tenant) then return end
   if is_parked(X, Q, 't:' .. tenant) then return end
-  redis.call('ZADD', tq, tenant_join(X, Q.OV, tenant), tenant)
+  redis.call('ZADD', tq, tenant_join(X, Q, tenant), tenant)
   redis.call('EXPIRE', tq, X.C.state_ttl)
 end
 
