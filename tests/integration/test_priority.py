@@ -255,3 +255,17 @@ async def test_the_queue_page_shows_its_levels(make_queue: Any, env: Environment
     async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
         page = (await client.get(f"/queues/{env.id}/q")).text
     assert 'data-level="1">1: 1</span>' in page and 'data-level="4">4: 1</span>' in page
+
+
+async def test_a_backfilled_run_moves_up_one_level_per_bound_from_its_enqueue(
+    make_queue: Any, env: Environment
+) -> None:
+    """A level-5 run stamped ten minutes in the past waits one bound per level from when it
+    was queued: at level 4 after 10 s, 3 after 20 s, not at level 1 on the first call."""
+    rq = await fresh(make_queue, env, "age", max_wait_promote=10)
+    await rq.enqueue(env, "q", "old", None, priority=5, available_at_ms=T0 - 600_000,
+                     now_ms=T0)  # fmt: skip
+    for at, level in ((T0 + 1, 5), (T0 + 10_000, 4), (T0 + 15_000, 4), (T0 + 20_000, 3)):
+        # a dequeue of keyed runs only: it promotes, and serves nothing
+        assert await rq.dequeue_from_queue(env, "q", keyed=True, max_count=1, now_ms=at) == []
+        assert await rq.level_counts(env, "q") == {level: LevelCount(1, 0)}, at

@@ -156,7 +156,9 @@ for _, run in ipairs(runs) do
   if status == nil then
     place_queued(X, level_queue(Q, run.level), flow_of(run.ck, run.tenant), run.id, run.score)
     if Q.promote_ms and run.level > 1 then
-      redis.call('ZADD', queue_key(Q.B, 'aging'), run.available + Q.promote_ms, run.id)
+      -- its wait counts from when it became ready, and not before it was queued
+      redis.call('ZADD', queue_key(Q.B, 'aging'), math.max(run.available, C.now) + Q.promote_ms,
+        run.id)
     end
     if run.ttl_deadline > 0 then redis.call('ZADD', X.ttl, run.ttl_deadline, member) end
     if size then size = size + 1 end

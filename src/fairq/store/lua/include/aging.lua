@@ -1,9 +1,10 @@
 -- aging.lua: bounded aging of priority levels. A queue with `max_wait_promote` lists its
--- runs below level 1 in B:aging (run id -> when it moves up: the time it became ready
--- plus the bound; then one bound later for the next level). A dequeue first moves the
--- runs whose time came up one level (on the script's clock), so a run waits at most one
--- bound per level before it competes one level higher. A run that left its queue (served,
--- cancelled, expired) leaves the list when its time comes.
+-- runs below level 1 in B:aging (run id -> when it moves up: one bound after it became
+-- ready, or after it was queued if that was later; then one bound after each move, so a
+-- run backfilled with an old timestamp moves one level per bound, not all at once). A
+-- dequeue first moves the runs whose time came up one level (on the script's clock), so
+-- a run waits at most one bound per level before it competes one level higher. A run
+-- that left its queue (served, cancelled, expired) leaves the list when its time comes.
 --@require state runs levels
 
 --- At most this many runs are promoted per queue and call (the rest on the next call).
@@ -24,7 +25,7 @@ local function promote_run(X, Q, key, run, due)
   redis.call('HSET', mkey, RUN_FIELD.level, level)
   place_queued(X, level_queue(Q, level), flow, run, tonumber(score))
   if level > 1 then
-    redis.call('ZADD', key, due + Q.promote_ms, run)
+    redis.call('ZADD', key, math.max(due, X.now) + Q.promote_ms, run)
   else
     redis.call('ZREM', key, run)
   end
