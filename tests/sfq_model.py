@@ -236,10 +236,12 @@ class SfqModel:
     new_joined: int = 0
     #: fair state per pool (the set of queues a dequeue serves) instead of one per
     #: environment; the current pool, the others' states, and each queue's pool
-    pools: bool = False
+    pools: bool = True
     pool: str = "*"
     pool_states: dict[str, _PoolState] = field(default_factory=dict)
     queue_pool: dict[str, str] = field(default_factory=dict)
+    #: the queues that ever had a run (V:queues)
+    known: set[str] = field(default_factory=set)
     queues: dict[str, QueueModel] = field(default_factory=dict)
     runs: dict[str, Run] = field(default_factory=dict)
     tt: dict[str, float] = field(default_factory=dict)  # V:tt
@@ -439,8 +441,10 @@ class SfqModel:
 
     def pool_of(self, queues: list[str]) -> str:
         """The pool a dequeue over ``queues`` serves: its sorted queue names (``*``
-        without ``pools``)."""
-        return ",".join(sorted(set(queues))) if self.pools else "*"
+        without ``pools``, or when they cover every queue that ever had a run)."""
+        if not self.pools or set(queues) >= self.known:
+            return "*"
+        return ",".join(sorted(set(queues)))
 
     # ------------------------------------------------------------------ operations
 
@@ -450,6 +454,7 @@ class SfqModel:
         if run in self.runs:
             return
         self._use_pool(self.queue_pool.get(queue, "*"))
+        self.known.add(queue)
         flow = flow_of(key, tenant)
         self.runs[run] = Run(queue, flow, tenant or "", score)
         self._place(_Call(now), self.queue(queue), flow, run, score)

@@ -50,9 +50,11 @@ async def tenant_floor(rq: RunQueue, env: Environment) -> float | None:
     return None if raw is None else float(raw)
 
 
-async def delete_tenant_floor(rq: RunQueue, env: Environment) -> None:
-    """Lose the floor (as when its key expires) while the tags remain."""
-    await rq.client.zrem(rq.keys.env(env).tenant_tags, K.FLOOR_MEMBER)
+async def delete_tenant_floor(rq: RunQueue, env: Environment, pool: int = 0) -> None:
+    """Lose the floor (as when its key expires) while the tags remain (of consumer pool
+    ``pool``: 0 = a consumer of every queue)."""
+    tags = K.pool_name(rq.keys.env(env).prefix, pool) + ":tt"
+    await rq.client.zrem(tags, K.FLOOR_MEMBER)
 
 
 async def ready_tenants(rq: RunQueue, env: Environment, queue: str) -> dict[str, float]:

@@ -118,6 +118,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -166,6 +167,28 @@ DEFAULT_PRIORITY_LEVELS: Final = 5
 def default_level(levels: int) -> int:
     """The level of a run that names none, in a queue of ``levels`` levels."""
     return (levels + 1) // 2
+
+
+#: A consumer pool (the set of queues a consumer serves) has its own fair-order tenant
+#: state (tags, floor, newcomers) under ``<V>#<pool>`` (:func:`pool_name`); pool 0 (a
+#: consumer of every queue) keeps the environment's own keys. No name contains ``#``.
+POOL_SEPARATOR: Final = "#"
+#: Pool ids are the first 48 bits of a SHA-1 (exact as a Lua number).
+POOL_BITS: Final = 48
+
+
+def pool_id(queues: Sequence[str] | None) -> int:
+    """The pool of a consumer that serves ``queues`` (0: every queue): the same queues
+    give the same pool, whatever their order."""
+    if queues is None:
+        return 0
+    names = "\n".join(sorted(set(queues))).encode("utf-8")
+    return int(hashlib.sha1(names, usedforsecurity=False).hexdigest()[: POOL_BITS // 4], 16) or 1
+
+
+def pool_name(prefix: str, pool: int) -> str:
+    """The prefix of a pool's tenant state (the environment's own for pool 0)."""
+    return prefix if pool == 0 else f"{prefix}{POOL_SEPARATOR}{pool}"
 
 
 def level_name(name: str, level: int) -> str:
@@ -698,6 +721,10 @@ def lua_schema(*, fair: bool = True) -> str:
             f"local KEYLESS_FLOW = '{KEYLESS_FLOW}'",
             f"local BASE_LEVEL, MAX_LEVELS = {BASE_LEVEL}, {MAX_LEVELS}",
             f"local DEFAULT_PRIORITY_LEVELS = {DEFAULT_PRIORITY_LEVELS}",
+            "local function pool_name(prefix, pool)",
+            "  if pool == 0 then return prefix end",
+            f"  return prefix .. '{POOL_SEPARATOR}' .. string.format('%d', pool)",
+            "end",
             "local function level_name(name, level)",
             "  if level == BASE_LEVEL then return name end",
             f"  return name .. '{LEVEL_SEPARATOR}' .. level",

@@ -33,13 +33,14 @@ LEVELS = (1, 2, 3, 5)
 ENV_LIMIT = 100_000
 
 
-async def level_state(rq: RunQueue, env: Environment, level: int) -> dict[str, Any]:
+async def level_state(rq: RunQueue, env: Environment, level: int, pool: int) -> dict[str, Any]:
     """One level's stored order state: its tenant tags (with the floor), and per queue
     its ready tenants, parks and tenants' key sets."""
     e = rq.keys.env(env)
 
     def build(pipe: Any) -> None:
-        pipe.zrange(K.level_name(e.prefix, level) + ":tt", 0, -1, withscores=True)
+        pipe.zrange(K.pool_name(K.level_name(e.prefix, level), pool) + ":tt", 0, -1,
+                    withscores=True)  # fmt: skip
         for name in QUEUES:
             q = rq.keys.queue(env, name).at_level(level)
             pipe.zrange(q.ready_tenants, 0, -1, withscores=True)
@@ -130,7 +131,9 @@ async def run_tiered(rq: RunQueue, env: Environment, rng: random.Random, steps: 
         else:
             tenant_of[rng.choice(keys)] = rng.choice([*TENANTS, None])
         for level in LEVELS:
-            assert await level_state(rq, env, level) == model_state(models[level]), (where, level)
+            pool = 0 if models[level].pool == "*" else K.pool_id(list(QUEUES))
+            stored = await level_state(rq, env, level, pool)
+            assert stored == model_state(models[level]), (where, level)
     return served
 
 

@@ -48,12 +48,20 @@ class Options:
     named: float = 0.6  # share of keys that start in a named tenant
 
 
-async def read_state(rq: RunQueue, env: Environment, queues: tuple[str, ...]) -> dict[str, Any]:
-    """The order's stored state, in one round trip."""
+def model_pool(model: SfqModel) -> int:
+    """The scripts' id of the model's current consumer pool (its sorted queue names)."""
+    return 0 if model.pool == "*" else K.pool_id(model.pool.split(","))
+
+
+async def read_state(
+    rq: RunQueue, env: Environment, queues: tuple[str, ...], pool: int = 0
+) -> dict[str, Any]:
+    """The order's stored state (the tenant tags of consumer pool ``pool``), in one round
+    trip."""
     e = rq.keys.env(env)
 
     def build(pipe: Any) -> None:
-        pipe.zrange(e.tenant_tags, 0, -1, withscores=True)
+        pipe.zrange(K.pool_name(e.prefix, pool) + ":tt", 0, -1, withscores=True)
         for name in queues:
             q = rq.keys.queue(env, name)
             pipe.zrange(q.ready_tenants, 0, -1, withscores=True)
@@ -201,7 +209,7 @@ async def run_workload(
             tenant_of[rng.choice(keys)] = rng.choice([*TENANTS, None])
         elif op < 0.98:
             kind = "floor"
-            await delete_tenant_floor(rq, env)
+            await delete_tenant_floor(rq, env, model_pool(model))
             model.delete_floor()
         elif op < 0.99:
             kind = "jump"  # past the re-check of cap-parked members
@@ -210,9 +218,8 @@ async def run_workload(
             kind = "idle"
         counts[kind] = counts.get(kind, 0) + 1
         if compare_state:
-            assert await read_state(rq, env, opts.queues) == model_state(model, opts.queues), (
-                f"{where} ({kind})"
-            )
+            stored = await read_state(rq, env, opts.queues, model_pool(model))
+            assert stored == model_state(model, opts.queues), f"{where} ({kind})"
         if after_step is not None:
             await after_step()
     return counts
@@ -315,7 +322,7 @@ async def test_every_queued_flow_is_registered_or_parked(make_queue: Any, env: E
 
     async def closed() -> None:
         nonlocal checks
-        st = await read_state(rq, env, opts.queues)
+        st = await read_state(rq, env, opts.queues, model_pool(model))
         for name in opts.queues:
             q = model.queue(name)
             tq, park = st[f"{name}.tq"], st[f"{name}.park"]

@@ -85,7 +85,13 @@ def test_fair_state_per_pool_serves_each_pools_tenants_in_turn() -> None:
     assert mean < 1.0 and d.lag <= 1
 
 
-def test_pools_are_off_by_default() -> None:
+def test_pools_are_on_by_default_and_a_consumer_of_every_queue_is_pool_star() -> None:
+    """As in the scripts: a pool per set of queues, and a consumer that serves every
+    queue that ever had a run is the pool of them all."""
     model = SfqModel()
-    assert not model.pools and model.pool_of(["q2", "q1"]) == "*"
-    assert SfqModel(pools=True).pool_of(["q2", "q1", "q2"]) == "q1,q2"
+    assert model.pools and model.pool_of(["q2", "q1", "q2"]) == "*"  # no queue had a run
+    model.enqueue("q1", "r1", "k", None, 0)
+    model.enqueue("q3", "r3", "k", None, 0)
+    assert model.pool_of(["q2", "q1", "q2"]) == "q1,q2"
+    assert model.pool_of(["q3", "q1"]) == "*"
+    assert SfqModel(pools=False).pool_of(["q1"]) == "*"

@@ -74,10 +74,12 @@ class DequeueOps(SpreadOps):
         kinds: str = "",
         charge_env: bool = False,
         partition: int = 0,
+        pool: int | None = None,
     ) -> DequeueBatch:
         """One dequeue script call: up to ``max_count`` runs of ``env`` (of one of its
         partitions) from ``queues`` (``kinds``: "" all runs, "q" keyless only, "ck" keyed
-        only)."""
+        only), for consumer pool ``pool`` (:func:`fairq.keys.pool_id`; default: the pool
+        of ``queues``)."""
         for q in queues:
             K.validate_name("queue", q, allow_slash=True)
         if len(queues) > validate.MAX_DEQUEUE_QUEUES:
@@ -87,10 +89,19 @@ class DequeueOps(SpreadOps):
         if not queues:
             return DequeueBatch([])
         lease = validate.lease_ms(self.config.lease_ms if lease_ms is None else lease_ms)
+        pool = K.pool_id(queues) if pool is None else pool
         reply = await self.call_for_env(
             "dequeue",
             env,
-            [env.id, str(max_count), str(lease), kinds, "1" if charge_env else "0", *queues],
+            [
+                env.id,
+                str(max_count),
+                str(lease),
+                kinds,
+                "1" if charge_env else "0",
+                str(pool),
+                *queues,
+            ],  # fmt: skip
             now_ms,
             partition,
         )
@@ -130,14 +141,18 @@ class DequeueOps(SpreadOps):
             validate.lease_ms(lease_ms)
         if now_ms is not None:
             validate.time_ms("now_ms", now_ms)
+        pool = K.pool_id(queues)  # the consumer's: the queues it serves (0: all of them)
         if env is not None:
             names = list(queues) if queues is not None else await self.queues(env)
             placement = await self.placement(env)
             if placement.served > 1:
                 return await self.dequeue_spread(
-                    env, names, placement.served, max_count, lease_ms=lease_ms, now_ms=now_ms
-                )
-            return await self.dequeue_env(env, names, max_count, lease_ms=lease_ms, now_ms=now_ms)
+                    env, names, placement.served, max_count, lease_ms=lease_ms, now_ms=now_ms,
+                    pool=pool,
+                )  # fmt: skip
+            return await self.dequeue_env(
+                env, names, max_count, lease_ms=lease_ms, now_ms=now_ms, pool=pool
+            )
         shard_ids = list(range(self.keys.shard_count)) if shards is None else list(shards)
         self.rng.shuffle(shard_ids)
         now, heads = await self._heads(shard_ids, now_ms)
@@ -154,7 +169,7 @@ class DequeueOps(SpreadOps):
                     leased.add(
                         await self.dequeue_spread(
                             spread_env, names, served, leased.room, lease_ms=lease_ms,
-                            now_ms=now_ms, charge_env=True,
+                            now_ms=now_ms, charge_env=True, pool=pool,
                         )
                     )  # fmt: skip
             ready = [(m, score) for m, score in ready if _env_id(m) not in spread_ids]
@@ -166,7 +181,7 @@ class DequeueOps(SpreadOps):
                 leased.add(
                     await self.dequeue_env(
                         plan.env, plan.queues, leased.room, lease_ms=lease_ms, now_ms=now_ms,
-                        charge_env=True, partition=plan.partition,
+                        charge_env=True, partition=plan.partition, pool=pool,
                     )
                 )  # fmt: skip
             if leased.room <= 0:
@@ -210,6 +225,7 @@ class DequeueOps(SpreadOps):
         lease_ms: int | None = None,
         now_ms: int | None = None,
         charge_env: bool = False,
+        pool: int | None = None,
     ) -> DequeueBatch:
         """Up to ``max_count`` runs of an environment spread over ``partitions``: its
         partitions in the order of :meth:`spread_plan`, one dequeue call each, until the
@@ -222,7 +238,7 @@ class DequeueOps(SpreadOps):
             leased.add(
                 await self.dequeue_env(
                     env, queues, leased.room, lease_ms=lease_ms, now_ms=now_ms,
-                    charge_env=charge_env, partition=partition,
+                    charge_env=charge_env, partition=partition, pool=pool,
                 )
             )  # fmt: skip
             if leased.room <= 0:

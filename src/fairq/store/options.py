@@ -90,6 +90,9 @@ ENV_OPTIONS: Final[dict[str, Option]] = {
     "charge": _CHARGE,
     "admission": _ADMISSION,
     "weights": Option("flag", internal=True, help="some tenant of the env has a weight"),
+    "pool_all": Option(
+        "int", 0, 2**48, internal=True, help="a consumer pool found to serve every queue"
+    ),
 }
 
 #: Options of one queue (stored as ``q:<queue>:<name>``).
@@ -125,6 +128,9 @@ QUEUE_OPTIONS: Final[dict[str, Option]] = {
     ),
     "levels": Option(
         "int", 0, 1023, internal=True, help="priority levels that have their own keys (bits)"
+    ),
+    "pool": Option(
+        "int", 0, 2**48, internal=True, help="the consumer pool whose fair state it joins"
     ),
 }
 

@@ -22,7 +22,10 @@ ARGV
   FIRST_ARG + 3  which runs: '' (all), 'q' (keyless only), 'ck' (keyed only)
   FIRST_ARG + 4  charge the environment's place among its shard's (1 / 0: only for a
                  dequeue that chose this environment among others)
-  FIRST_ARG + 5  queue names... (the candidates; at most 1000)
+  FIRST_ARG + 5  the consumer's pool (0: a consumer of every queue; else the id of the set
+                 of queues it serves, 1..2^48): in the fair order each pool has its own
+                 tenant state, and the queues served here join this pool's
+  FIRST_ARG + 6  queue names... (the candidates; at most 1000)
 Reply
   {status, wait (ms from now until something held back becomes ready, -1 = nothing
    known), gated (1: ready work was left behind a limit), deliveries}
@@ -42,8 +45,9 @@ local max_count = arg_int(ARGV[FIRST_ARG + 1], 'max_count', 1, ARG_RULES.dequeue
 local lease_ms = arg_int(ARGV[FIRST_ARG + 2], 'lease_ms', 1, ARG_RULES.lease_ms)
 local kinds = arg_word(ARGV[FIRST_ARG + 3], 'kinds', {'', KIND_QUEUE, KIND_CK})
 local charge_env = arg_int(ARGV[FIRST_ARG + 4], 'charge_env', 0, 1) == 1
+local pool = arg_int(ARGV[FIRST_ARG + 5], 'pool', 0, 2 ^ 48)
 local queues = {}
-for i = FIRST_ARG + 5, #ARGV do
+for i = FIRST_ARG + 6, #ARGV do
   queues[#queues + 1] = arg_name(ARGV[i], 'queue', ARG_RULES.name_length)
 end
 if #queues > ARG_RULES.dequeue_queues then
@@ -55,6 +59,7 @@ X.charge_env = charge_env
 local V = env_prefix(tag, env_id)
 local env, by_name = config_read(X, V, env_id, queues)
 if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, -1, 0, {}} end
+HOOK.use_pool(X, env, by_name, pool)
 for _, q in ipairs(queues) do promote_waiting(X, by_name[q]) end
 
 -- the candidates' heads-index entries (one per queue, kind and level with keys): ready

@@ -168,7 +168,10 @@ for _, run in ipairs(runs) do
 end
 if X.wake then
   -- the queue's head changed (it was empty, or this run is older): it may be new here
-  redis.call('SADD', env_key(V, 'queues'), queue)
+  if redis.call('SADD', env_key(V, 'queues'), queue) == 1 then
+    -- a new queue: no consumer pool is known to serve every queue any more
+    redis.call('HDEL', env_key(V, 'config'), 'pool_all')
+  end
   redis.call('SADD', shard_key(tag, 'envs'), env_id)
 end
 HOOK.finish(X)

@@ -59,6 +59,7 @@ local function queue_config(X, env, name, raw, offset)
     priority_levels = q.priority_levels or DEFAULT_PRIORITY_LEVELS,
     promote_ms = q.max_wait_promote and math.floor(q.max_wait_promote * 1000 + 0.5) or nil,
     levels = q.levels or 0,
+    pool = q.pool or 0,
   })
 end
 

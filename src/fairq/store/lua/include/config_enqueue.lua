@@ -31,6 +31,7 @@ local function enqueue_field_list(name, joining)
     fields[#fields + 1] = config_field(name, 'parked')
     fields[#fields + 1] = 'admission'
     fields[#fields + 1] = config_field(name, 'admission')
+    fields[#fields + 1] = config_field(name, 'pool')
   end
   return fields
 end
@@ -68,6 +69,7 @@ local function enqueue_config_read(X, V, env_id, name, joining)
     Q.parked = option_value('flag', raw[15]) or false
     Q.admission = option_value('word', raw[17]) or option_value('word', raw[16])
       or C.default_admission
+    set_pool(Q, option_value('int', raw[18]) or 0)
   end
   return env, {[name] = Q}
 end

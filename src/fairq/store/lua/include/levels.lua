@@ -1,7 +1,8 @@
 -- levels.lua: a queue's priority levels (1 is the highest).
 -- A queue context Q is its base level's (BASE_LEVEL); level_view(Q, L)
 -- is the same queue at level L, whose order keys (queued sets, ck_index, the fair
--- order's state) live under Q.OB = level_name(B, L) and Q.OV = level_name(V, L) and whose
+-- order's state) live under Q.OB = level_name(B, L) and Q.OV = level_name(V, L) (the
+-- tenant state of Q's consumer pool: pool_name(level_name(V, L), Q.pool)) and whose
 -- heads-index member is named Q.oname = level_name(queue, L). Everything else (slots,
 -- counters, caps, rate buckets, history: Q.B, Q.V, Q.name) is the queue's, shared by its
 -- levels, so a limit holds across levels.
@@ -14,6 +15,7 @@ local VIEW_OWN = {parked = true}
 local function view_meta(Q)
   return {
     __index = function(view, name)
+      if name == 'OV' then return pool_name(level_name(Q.V, view.level), Q.pool or 0) end
       if name == 'parked' then
         local flag = redis.call('HGET', env_key(Q.V, 'config'), config_field(view.oname, 'parked'))
         rawset(view, 'parked', flag == '1')
@@ -29,8 +31,13 @@ end
 
 -- Set the order-key names of a base queue context (its own level).
 local function level_base(Q)
-  Q.OB, Q.OV, Q.oname, Q.level = Q.B, Q.V, Q.name, BASE_LEVEL
+  Q.OB, Q.OV, Q.oname, Q.level = Q.B, pool_name(Q.V, Q.pool or 0), Q.name, BASE_LEVEL
   return Q
+end
+
+-- Q's tenant state is that of consumer pool `pool` from now on (its views follow).
+local function set_pool(Q, pool)
+  Q.pool, Q.OV = pool, pool_name(Q.V, pool)
 end
 
 -- Q at priority level `level` (Q itself at BASE_LEVEL); one view per queue and level.
@@ -43,8 +50,8 @@ local function level_view(Q, level)
   end
   local view = views[level]
   if view == nil then
-    view = setmetatable({OB = level_name(Q.B, level), OV = level_name(Q.V, level),
-      oname = level_name(Q.name, level), level = level, base = Q}, view_meta(Q))
+    view = setmetatable({OB = level_name(Q.B, level), oname = level_name(Q.name, level),
+      level = level, base = Q}, view_meta(Q))
     views[level] = view
   end
   return view

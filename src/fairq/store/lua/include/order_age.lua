@@ -8,6 +8,7 @@ HOOK.flow_drained = function(X, Q, flow) end
 HOOK.slot_freed = function(X, Q, flow, ta) end
 HOOK.charge = function(X, Q, flow, ta, duration_ms) end
 HOOK.finish = function(X) end
+HOOK.use_pool = function(X, env, by_name, pool) end
 
 -- The age-order scripts refuse to act on a queue whose order is fair (nothing written):
 -- the caller then runs the fair-order build, which serves both orders.

@@ -115,11 +115,10 @@ end
 
 -- ------------------------------------------------------------------ joining
 
---- The admission of new tenants (admission = 'budget'): this many new tenants per quantum
+--- The admission of new tenants (admission = 'budget'): `free` new tenants per quantum
 --- of the floor join at the floor; the others share the newcomers' clock, which every
---- new tenant advances by quantum / NEWCOMER_WEIGHT.
-local NEWCOMERS_FREE = 1
-local NEWCOMER_WEIGHT = 1
+--- new tenant advances by quantum / `weight`.
+local NEWCOMERS = {free = 1, weight = 1}
 
 -- Where a tenant new to V:tt starts under admission 'budget' (V:newcomers keeps the
 -- clock, the floor epoch and how many joined in it); its tag goes into V:tt at once, so
@@ -131,8 +130,8 @@ local function admit_new(X, Q, V, floor, tenant)
   local now_epoch = math.floor(floor / Q.quantum + 1e-9)
   if now_epoch ~= epoch then epoch, joined = now_epoch, 0 end
   local tag = floor
-  if joined >= NEWCOMERS_FREE then tag = math.max(floor, clock) end
-  clock = math.max(floor, clock) + Q.quantum / NEWCOMER_WEIGHT
+  if joined >= NEWCOMERS.free then tag = math.max(floor, clock) end
+  clock = math.max(floor, clock) + Q.quantum / NEWCOMERS.weight
   redis.call('HSET', key, 'clock', exact(clock), 'epoch', epoch, 'joined', joined + 1)
   redis.call('EXPIRE', key, X.C.state_ttl)
   redis.call('ZADD', env_key(V, 'tenant_tags'), tag, tenant)
@@ -335,12 +334,13 @@ local function charges_duration(X, Q)
   if read == nil then
     local raw = redis.call('HMGET', env_key(Q.V, 'config'), config_field(Q.name, 'order'),
       config_field(Q.name, 'charge'), 'order', 'charge', config_field(Q.oname, 'parked'),
-      config_field(Q.name, 'levels'))
+      config_field(Q.name, 'levels'), config_field(Q.name, 'pool'))
     local order = raw[1] or raw[3] or X.C.default_order
     local charge = raw[2] or raw[4] or X.C.default_charge
     read = {duration = order == 'fair' and charge == 'duration', parked = raw[5] ~= false}
     X.qcharge[Q.OB] = read
     if Q.levels == nil then Q.levels = tonumber(raw[6]) or 0 end
+    if Q.pool == nil then set_pool(Q, tonumber(raw[7]) or 0) end
   end
   return read.duration
 end
@@ -378,6 +378,34 @@ HOOK.slot_freed = function(X, Q, flow, ta)
   local base = Q.base or Q
   if base.order == nil then charges_duration(X, base) end
   for _, level in ipairs(queue_levels(base)) do slot_freed_at(X, level_view(base, level), flow, ta) end
+end
+
+-- A dequeue of consumer pool `pool`: its fair queues join that pool's tenant state (the
+-- scripts that start from one of their runs then use it too).
+-- A consumer that serves every queue the environment has had is the pool of them all (0),
+-- whatever its list says (remembered as the env's `pool_all` until a new queue appears).
+-- (A library's main chunk may hold at most 200 locals: the helper is the hook's own.)
+HOOK.use_pool = function(X, env, by_name, pool)
+  local function covers_every_queue()
+    if env.options.pool_all == pool then return true end
+    for _, name in ipairs(redis.call('SMEMBERS', env_key(env.V, 'queues'))) do
+      if by_name[name] == nil then return false end
+    end
+    redis.call('HSET', env_key(env.V, 'config'), 'pool_all', pool)
+    return true
+  end
+  if pool ~= 0 and covers_every_queue() then pool = 0 end
+  local V = env.V
+  for name, Q in pairs(by_name) do
+    if Q.order == 'fair' and Q.pool ~= pool then
+      if pool == 0 then
+        redis.call('HDEL', env_key(V, 'config'), config_field(name, 'pool'))
+      else
+        redis.call('HSET', env_key(V, 'config'), config_field(name, 'pool'), pool)
+      end
+      set_pool(Q, pool)
+    end
+  end
 end
 
 HOOK.finish = function(X) end

@@ -131,7 +131,7 @@ do
   function E.serve_state(X, env, level, queues, heads, budget, lease_ms, out, R)
     return setmetatable({
       X = X, queues = queues,
-      V = level_name(env.V, level), -- the prefix of the level's tenant tags (V:tt)
+      V = queues[1].OV, -- the prefix of the level's (and pool's) tenant tags (V:tt)
       heads = heads,       -- queue name -> its ready keyless head (or nil)
       budget = budget, lease_ms = lease_ms, out = out, R = R,
       by_id = {},          -- B -> tenant -> its pair {Q, T, tie, active, ten, keys...}
