@@ -101,7 +101,7 @@ class DequeueOps(SpreadOps):
                 "1" if charge_env else "0",
                 str(pool),
                 *queues,
-            ],  # fmt: skip
+            ],
             now_ms,
             partition,
         )
