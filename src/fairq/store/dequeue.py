@@ -177,7 +177,12 @@ class DequeueOps(SpreadOps):
                 if leased.room <= 0:
                     break
                 if queues is not None:
-                    plan = replace(plan, queues=[q for q in plan.queues if q in queues])
+                    # the consumer's whole list, not only its ready queues: the script
+                    # reads their heads anyway, and their pool's coverage of the
+                    # environment's queues is then judged on what the consumer serves
+                    if not set(plan.queues) & set(queues):
+                        continue
+                    plan = replace(plan, queues=list(queues))
                 leased.add(
                     await self.dequeue_env(
                         plan.env, plan.queues, leased.room, lease_ms=lease_ms, now_ms=now_ms,
