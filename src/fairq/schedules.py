@@ -38,7 +38,7 @@ from cronsim import CronSim, CronSimError
 from fairq.errors import ConfigurationError, ConnectionLostError, short
 from fairq.models import EnqueueRequest, EnqueueStatus
 from fairq.store import validate
-from fairq.store.enqueue import encode_request
+from fairq.store.enqueue import PAYLOAD_FIELD, encode_request
 
 if TYPE_CHECKING:
     from fairq.app import Fairq, Schedule
@@ -101,7 +101,7 @@ def validate_schedule(s: Schedule) -> Schedule:
         raise ConfigurationError(f"schedule {s.name!r}: max_catch_up must be in 1..10000")
     config = s.task.app.config
     # the runs of its ticks, as its enqueue will check them (tick 0 stands for any)
-    payload = encode_request(tick_request(s, 0), config.max_payload_bytes)[7]
+    payload = encode_request(tick_request(s, 0), config.max_payload_bytes)[PAYLOAD_FIELD]
     return dataclasses.replace(s, payload=json.loads(payload))
 
 

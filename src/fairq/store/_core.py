@@ -304,9 +304,18 @@ def translated(exc: Exception, server: str) -> Exception:
 
 
 def status_of(reply: Any) -> Status | None:
+    """The whole-call status a script's reply starts with (a list's first item, or the first
+    word of a text reply such as the enqueue script's); None for a reply without one."""
     if isinstance(reply, list) and reply:
         try:
             return Status(int(reply[0]))
         except (TypeError, ValueError):
             raise ScriptProtocolError("script", reply) from None
+    if isinstance(reply, bytes | str):
+        first = reply.split(maxsplit=1)[:1]
+        if first and first[0].isdigit():
+            try:
+                return Status(int(first[0]))
+            except ValueError:
+                return None
     return None

@@ -185,8 +185,11 @@ def lua_bindings(names: tuple[str, ...]) -> str:
     if has_now:
         lines += [
             "if ARGV[1] == '' then",
+            "  -- (the texts turned into numbers by arithmetic: tonumber and math.floor are",
+            "  -- C calls, each costing more than a small command's argument)",
             "  local t = redis.call('TIME')",
-            "  C.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+            "  local us = t[2] + 0",
+            "  C.now = t[1] * 1000 + (us - us % 1000) / 1000",
             "else",
             "  C.now = tonumber(ARGV[1])",
             "end",

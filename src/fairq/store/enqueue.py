@@ -8,7 +8,12 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from fairq import keys as K
-from fairq.errors import InvalidLimitError, InvalidNameError, QueueSizeLimitExceededError
+from fairq.errors import (
+    InvalidLimitError,
+    InvalidNameError,
+    QueueSizeLimitExceededError,
+    ScriptProtocolError,
+)
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult, EnqueueStatus
 from fairq.store import validate
@@ -28,21 +33,45 @@ _STATUS: Final = {
 }
 
 
+#: Where an encoded run's payload is (the last of its fields: the only one that may hold
+#: a space).
+PAYLOAD_FIELD: Final = 11
+
+
+def run_argument(f: list[str]) -> str:
+    """One run's script argument from its encoded fields: run id, key, tenant, the options
+    (one field, separated by commas, the trace context last), payload; separated by
+    single spaces."""
+    return f"{f[0]} {f[1]} {f[2]} {f[3]},{f[4]},{f[5]},{f[6]},{f[7]},{f[8]},{f[9]},{f[10]} {f[11]}"
+
+
 def enqueue_args(env: Environment, queue: str, encoded: Sequence[list[str]]) -> list[str]:
     """The arguments of one enqueue script call of already encoded runs (no schedule)."""
-    args: list[str] = [env.id, queue, "", "0"]
-    for fields in encoded:
-        args.extend(fields)
-    return args
+    return [env.id, queue, "", "0", *map(run_argument, encoded)]
+
+
+def enqueue_reply(reply: Any) -> list[bytes]:
+    """An enqueue script's reply, one text (its status, the size limit in force, then each
+    run's status: a text costs the server less than a list), split into its words.
+
+    Raises:
+        ScriptProtocolError: the reply is not a text.
+    """
+    if isinstance(reply, str):
+        reply = reply.encode()
+    if not isinstance(reply, bytes):
+        raise ScriptProtocolError("enqueue", reply)
+    return reply.split(b" ")
 
 
 def enqueue_results(requests: Sequence[EnqueueRequest], reply: Any) -> list[EnqueueResult]:
     """Each run's result from an enqueue script's reply."""
-    decode("enqueue", reply[0])
-    limit = int(reply[1])
+    words = enqueue_reply(reply)
+    decode("enqueue", words[0])
+    limit = int(words[1])
     return [
         EnqueueResult(request.run_id, _STATUS[decode("enqueue", code)], limit)
-        for request, code in zip(requests, reply[2:], strict=True)
+        for request, code in zip(requests, words[2:], strict=True)
     ]
 
 
@@ -53,7 +82,7 @@ _BatchKey = tuple[int, Environment, int, str, int | None]
 
 
 def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
-    """The 12 script arguments of one run, validating every field (the payload up to
+    """The 12 encoded fields of one run, validating every field (the payload up to
     ``max_payload_bytes``): what an enqueue, a schedule's tick and the blocking facade
     send, and how :meth:`fairq.Fairq.schedule` checks a schedule's runs up front.
 
@@ -86,7 +115,7 @@ def encode_request(r: EnqueueRequest, max_payload_bytes: int) -> list[str]:
     trace = "" if r.trace_context is None else validate.trace_context(r.trace_context)
     return [
         r.run_id, encoded_ck, encoded_tenant, available, str(delay), str(head_start),
-        str(ttl), payload, KEEP_OUTCOME if r.keep_outcome else "", str(timeout), trace, level,
+        str(ttl), KEEP_OUTCOME if r.keep_outcome else "", str(timeout), level, trace, payload,
     ]  # fmt: skip
 
 
@@ -224,7 +253,7 @@ class EnqueueOps(StoreCore):
         return (await self.placement(env)).partition_of(encoded[2], encoded[1])
 
     def encode_request(self, r: EnqueueRequest) -> list[str]:
-        """The 12 script arguments of one run (see :func:`encode_request`)."""
+        """The 12 encoded fields of one run (see :func:`encode_request`)."""
         return encode_request(r, self.config.max_payload_bytes)
 
     async def enqueue_tick(
@@ -241,13 +270,14 @@ class EnqueueOps(StoreCore):
         validate.schedule_name(schedule)
         validate.time_ms("tick_ms", tick_ms)
         encoded = self.encode_request(request)
-        args = [request.env.id, request.queue, schedule, str(tick_ms), *encoded]
+        args = [request.env.id, request.queue, schedule, str(tick_ms), run_argument(encoded)]
         partition = await self.partition_of(request.env, encoded)
         reply = await self.call_for_env("enqueue", request.env, args, now_ms, partition)
-        if self.decode("enqueue", reply[0]) is Status.TICK_TAKEN:
+        words = enqueue_reply(reply)
+        if self.decode("enqueue", words[0]) is Status.TICK_TAKEN:
             return None
-        status = _STATUS[self.decode("enqueue", reply[2])]
-        return EnqueueResult(request.run_id, status, int(reply[1]))
+        status = _STATUS[self.decode("enqueue", words[2])]
+        return EnqueueResult(request.run_id, status, int(words[1]))
 
     async def enqueue_many(
         self, requests: Sequence[EnqueueRequest], *, now_ms: int | None = None

@@ -16,132 +16,111 @@ ARGV
   FIRST_ARG + 2  schedule name ('' = none)   FIRST_ARG + 3  schedule tick (ms)
     with a schedule, the call enqueues only if this tick is later than the schedule's
     last claimed tick (then it becomes the last): exactly once however many callers
-  then 12 per run: run id, encoded key ('' = none), encoded tenant ('' = none),
+  then one per run: run id, encoded key ('' = none), encoded tenant ('' = none), its
+    options, payload (JSON), separated by single spaces (the payload, last, is the only
+    one that may hold a space). The options are one field, separated by commas:
     available at (ms, absolute; '' = now + delay), delay (ms), head start (ms, a time
-    credit: the run orders as if this much older), TTL (ms from now, 0 = none),
-    payload (JSON), outcome policy ('' | 'keep'), timeout (ms, 0 = none), trace context
-    ('' = none; printable ASCII, at most 512), priority level ('' = the queue's default,
-    its middle level; else 1..the queue's priority_levels, 1 the highest)
+    credit: the run orders as if this much older), TTL (ms from now, 0 = none), outcome
+    policy ('' | 'keep'), timeout (ms, 0 = none), priority level ('' = the queue's
+    default, its middle level; else 1..the queue's priority_levels, 1 the highest), trace
+    context ('' = none; printable ASCII, at most 512; last: it may hold a comma). (Each
+    argument costs the server about as much as a command's field, and most runs of a
+    queue have the same options: the script checks a given options text once.)
 Reply
-  {status (OK | NEEDS_FAIR | TICK_TAKEN), size limit in force (0 = none), one status
-   per run (ENQUEUED, DUPLICATE, REJECTED_SIZE)}
+  one text, its numbers separated by single spaces: status (OK | NEEDS_FAIR |
+  TICK_TAKEN), size limit in force (0 = none), then (OK) one status per run (ENQUEUED,
+  DUPLICATE, REJECTED_SIZE). (A text costs the server less than a list.)
 ]]
 --@include prelude
 --@include config_enqueue
 --@include runs
+--@include run_create
 --@include order
 
-local FIELDS = 12
 local tag = KEYS[1]
 local env_id = arg_env(ARGV[FIRST_ARG])
-local queue = arg_name(ARGV[FIRST_ARG + 1], 'queue', ARG_RULES.name_length)
+local queue = arg_queue(ARGV[FIRST_ARG + 1])
 local schedule = ARGV[FIRST_ARG + 2]
-local tick = arg_int(ARGV[FIRST_ARG + 3], 'schedule tick', 0, MAX_TIME_MS)
+local tick = ARGV[FIRST_ARG + 3]
+tick = tick == '0' and 0 or arg_int(tick, 'schedule tick', 0, MAX_TIME_MS)
 if schedule ~= '' then arg_name(schedule, 'schedule name', ARG_RULES.schedule_name_bytes) end
-local count = arg_groups(ARGV, FIRST_ARG + 4, FIELDS, 'run')
+local FIRST_RUN = FIRST_ARG + 4
+local count = #ARGV - FIRST_RUN + 1
+local now = C.now
 
--- check every run before the first write
-local runs = {}
+-- Check every run before the first write, and keep its fields: RUN_SLOTS per run in one
+-- flat list (a table per run costs more): run id, encoded key, encoded tenant, outcome
+-- policy, trace context, payload, available at, score, TTL deadline (0 = none), level
+-- (false = the queue's default), timeout (0 = none).
+local RUN_SLOTS = 11
+local runs = count == 1 and {false, false, false, false, false, false, false, false, false, false,
+  false} or {}
+local any_tenant, any_level = false, false
 for r = 0, count - 1 do
-  local i = FIRST_ARG + 4 + r * FIELDS
-  local run = {
-    id = arg_name(ARGV[i], 'run id', ARG_RULES.name_length),
-    ck = ARGV[i + 1], tenant = ARGV[i + 2],
-    delay = arg_int(ARGV[i + 4], 'delay_ms', 0, MAX_TIME_MS),
-    credit = arg_int(ARGV[i + 5], 'head_start_ms', 0, MAX_TIME_MS),
-    ttl = arg_int(ARGV[i + 6], 'ttl_ms', 0, MAX_TIME_MS),
-    payload = ARGV[i + 7],
-    keep = arg_word(ARGV[i + 8], 'outcome policy', ARG_RULES.outcome_policies),
-    timeout = arg_int(ARGV[i + 9], 'timeout_ms', 0, MAX_TIME_MS),
-    trace = ARGV[i + 10],
-    level = ARGV[i + 11] ~= '' and arg_int(ARGV[i + 11], 'priority', 1, MAX_LEVELS) or nil,
-  }
-  if run.trace ~= ''
-      and (#run.trace > ARG_RULES.trace_context_chars or string.find(run.trace, '[^!-~]')) then
-    fail('bad trace context')
+  local arg = ARGV[FIRST_RUN + r]
+  local id, ck, tenant, options, payload = string.match(arg, RUN_ARG_PATTERN)
+  if id == nil then bad_run_argument(arg) end
+  if #id > ARG_RULES.name_length then fail('run id is not a valid name') end
+  if ck ~= '' and not string.match(ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
+  if tenant ~= '' then
+    if not string.match(tenant, '^[%w_%.%-%%]+$') then fail('bad encoded tenant') end
+    any_tenant = true
   end
-  if run.ck ~= '' and not string.match(run.ck, '^[%w_%.%-%%]+$') then fail('bad encoded key') end
-  if run.tenant ~= '' and not string.match(run.tenant, '^[%w_%.%-%%]+$') then
-    fail('bad encoded tenant')
-  end
-  if ARGV[i + 3] == '' then
-    run.available = C.now + run.delay
-  else
-    run.available = arg_int(ARGV[i + 3], 'available_at_ms', 0, MAX_TIME_MS)
-  end
-  run.score = run.available - run.credit
-  run.ttl_deadline = run.ttl > 0 and (C.now + run.ttl) or 0
-  if run.ttl_deadline > MAX_TIME_MS then fail('ttl_ms out of range') end
-  runs[#runs + 1] = run
-end
-
-local function push_field(fields, name, value)
-  local n = #fields
-  fields[n + 1] = name
-  fields[n + 2] = value
-end
-
--- The run hash's fields (the optional ones only when set).
-local function run_fields(run)
-  local field = RUN_FIELD
-  local fields = {field.queue, queue, field.ck, run.ck, field.payload, run.payload,
-    field.score, run.score, field.enqueued_at, C.now, field.attempts, 0, field.lease_token, 0,
-    field.state, 'queued'}
-  -- the optional ones (a closure per run cost more than the fields)
-  if run.tenant ~= '' then push_field(fields, field.tenant, run.tenant) end
-  if run.ttl_deadline > 0 then push_field(fields, field.ttl_deadline, run.ttl_deadline) end
-  if run.keep ~= '' then push_field(fields, field.outcome_policy, run.keep) end
-  if run.timeout > 0 then push_field(fields, field.timeout, run.timeout) end
-  if run.trace ~= '' then push_field(fields, field.trace, run.trace) end
-  if run.level ~= BASE_LEVEL then push_field(fields, field.level, run.level) end
-  return fields
-end
-
--- Create a run hash unless the run id is taken (returns false then). `free`: the caller
--- checked already that it is not. Else one command where the server has HSETEX (Valkey
--- >= 9, Redis >= 8: FNX sets the fields only if none of them exists, and every run hash
--- holds its queue and state), or EXISTS then HSET (no such command, or the user may not run it).
-local function create_hash(mkey, fields, free)
-  if not free then
-    local done = redis.pcall('HSETEX', mkey, 'FNX', 'FIELDS', #fields / 2, unpack(fields))
-    if type(done) == 'number' then return done == 1 end
-    if redis.call('EXISTS', mkey) == 1 then return false end
-  end
-  redis.call('HSET', mkey, unpack(fields))
-  return true
+  local o = run_options(options)
+  local level, keep, trace, timeout = o.level, o.keep, o.trace, o.timeout
+  if level and level ~= BASE_LEVEL then any_level = true end
+  local available = o.available_at or now + o.delay
+  local ttl_deadline = o.ttl > 0 and (now + o.ttl) or 0
+  if ttl_deadline > MAX_TIME_MS then fail('ttl_ms out of range') end
+  local t = r * RUN_SLOTS
+  runs[t + 1], runs[t + 2], runs[t + 3], runs[t + 4], runs[t + 5], runs[t + 6] = id, ck,
+    tenant, keep, trace, payload
+  runs[t + 7], runs[t + 8], runs[t + 9], runs[t + 10], runs[t + 11] = available,
+    available - o.credit, ttl_deadline, level, timeout
 end
 
 local X = state_new(C, tag)
-local V = env_prefix(tag, env_id)
-local env, by_name = enqueue_config_read(X, V, env_id, queue, HOOK.enqueue_joins)
-local Q = by_name[queue]
-if HOOK.needs_fair(by_name) then return {S.NEEDS_FAIR, 0} end
+local names = enqueue_names(tag, env_id, queue)
+local V = names.V
+-- the levels bits are read with the options when a size limit may be checked or a run
+-- leaves the base level (else on first need)
+local wanted = (any_tenant and WANT.named or 0) + (HOOK.enqueue_joins and WANT.join or 0)
+  + ((any_level or C.default_queue_size_limit > 0) and WANT.levels or 0)
+local Q = enqueue_config_read(X, V, env_id, queue, wanted, names.config, names.B)
+if Q.order == 'fair' and HOOK.needs_fair_queue(Q) then return reply_text(S.NEEDS_FAIR) .. ' 0' end
 -- each run's level, checked against the queue's levels (before the first write)
-local default_level = math.floor((Q.priority_levels + 1) / 2)
-for _, run in ipairs(runs) do
-  run.level = run.level or default_level
-  if run.level > Q.priority_levels then
-    fail('priority ' .. run.level .. ' out of range: queue ' .. queue .. ' has '
+local levels = Q.priority_levels
+local default_level = (levels + 1 - (levels + 1) % 2) / 2 -- (the middle one, rounded down)
+for t = 10, count * RUN_SLOTS, RUN_SLOTS do
+  local level = runs[t] or default_level
+  runs[t] = level
+  if level > Q.priority_levels then
+    fail('priority ' .. level .. ' out of range: queue ' .. queue .. ' has '
       .. Q.priority_levels .. ' levels')
   end
 end
 if schedule ~= '' then
   local schedules = env_key(V, 'schedules')
   local last = tonumber(redis.call('HGET', schedules, schedule))
-  if last ~= nil and last >= tick then return {S.TICK_TAKEN, 0} end
+  if last ~= nil and last >= tick then return reply_text(S.TICK_TAKEN) .. ' 0' end
   redis.call('HSET', schedules, schedule, tick)
 end
 
 local max_size = Q.max_size or 0
+local checked = max_size > 0
 local size = nil -- on first need: keyless runs + runs queued across all variants
-local reply = {S.OK, max_size}
-for _, run in ipairs(runs) do
-  local member = env_id .. ':' .. run.id
+local statuses = count > 1 and {} or nil
+local status
+for r = 0, count - 1 do
+  local t = r * RUN_SLOTS
+  local run, ck, tenant = runs[t + 1], runs[t + 2], runs[t + 3]
+  local available, score, ttl_deadline, level = runs[t + 7], runs[t + 8], runs[t + 9],
+    runs[t + 10]
+  local member = env_id .. ':' .. run
   local mkey = run_key(tag, member)
-  local status
+  status = nil
   -- a run id already used (queued, running or dead-lettered) is a no-op: DUPLICATE, also
   -- when the queue is full (so with a size limit it is checked before the size)
-  local checked = max_size > 0
   if checked and redis.call('EXISTS', mkey) == 1 then
     status = S.DUPLICATE
   elseif checked then
@@ -150,21 +129,21 @@ for _, run in ipairs(runs) do
     end
     if size + 1 > max_size then status = S.REJECTED_SIZE end
   end
-  if status == nil and not create_hash(mkey, run_fields(run), checked) then
-    status = S.DUPLICATE
+  if status == nil then
+    if not create_run_hash(mkey, runs, t, queue, now, checked) then status = S.DUPLICATE end
   end
   if status == nil then
-    place_queued(X, level_queue(Q, run.level), flow_of(run.ck, run.tenant), run.id, run.score)
-    if Q.promote_ms and run.level > 1 then
+    local flow = (ck == '' and tenant == '') and KEYLESS_FLOW or flow_of(ck, tenant)
+    place_queued(X, level == BASE_LEVEL and Q or level_queue(Q, level), flow, run, score)
+    if Q.promote_ms and level > 1 then
       -- its wait counts from when it became ready, and not before it was queued
-      redis.call('ZADD', queue_key(Q.B, 'aging'), math.max(run.available, C.now) + Q.promote_ms,
-        run.id)
+      redis.call('ZADD', queue_key(Q.B, 'aging'), math.max(available, now) + Q.promote_ms, run)
     end
-    if run.ttl_deadline > 0 then redis.call('ZADD', X.ttl, run.ttl_deadline, member) end
+    if ttl_deadline > 0 then redis.call('ZADD', X.ttl, ttl_deadline, member) end
     if size then size = size + 1 end
     status = S.ENQUEUED
   end
-  reply[#reply + 1] = status
+  if statuses then statuses[r + 1] = reply_text(status) end
 end
 if X.wake then
   -- the queue's head changed (it was empty, or this run is older): it may be new here
@@ -176,4 +155,8 @@ if X.wake then
 end
 HOOK.finish(X)
 state_flush(X)
-return reply
+-- the reply: 'OK <size limit> <status of each run>' (one text: cheaper than a list)
+if count == 1 then return reply_one(max_size, status) end
+local head = reply_text(S.OK) .. ' ' .. reply_text(max_size)
+if statuses then return head .. ' ' .. table.concat(statuses, ' ') end
+return head

@@ -1,7 +1,18 @@
--- config_enqueue.lua: reading options from V:config (a queue's option falls back to the
--- environment's, then to the process default in C), and the few an enqueue reads.
+-- config_enqueue.lua: the few options an enqueue reads from V:config (a queue's option
+-- falls back to the environment's, then to the process default in C), in one HMGET.
 --@require state levels
 
+-- What one enqueue reads, by what its runs need. Always: the size limits, the order,
+-- the queue's levels and its promotion delay. With WANT.named (a run has a named tenant)
+-- the queue's named flag; with WANT.levels (a size limit may be checked, or a run goes
+-- to a level other than BASE_LEVEL) its levels bits, else read on first need
+-- (levels_bits); with WANT.join (the fair build) what registering a new tenant or key
+-- needs (join policy, quantum, arrival cap, admission rule, each the env's then the
+-- queue's, the parked flag and its pool). Each option is one HMGET field (a field costs
+-- about as much as a small command's arguments: the list holds only the wanted ones).
+local WANT = {named = 1, levels = 2, join = 4}
+
+-- A stored option's value by its kind (config.lua reads every option with it).
 local function option_value(kind, raw)
   if raw == nil or raw == false then return nil end
   if kind == 'word' then return raw end
@@ -9,67 +20,83 @@ local function option_value(kind, raw)
   return tonumber(raw)
 end
 
--- The few options an enqueue reads, in one small HMGET instead of the queue's whole
--- config: its size limit, order and named flag; with `joining` (the fair build) also
--- what registering a new tenant or key needs (parked flag, join policy, quantum,
--- arrival cap, admission). A queue context with only those settings, by the same fallbacks as
--- queue_config (the queue's, else the environment's, else the process default). The
--- field lists are kept per queue name (a bounded number, as config_fields does).
--- Returns env, {name -> queue}.
-local ENQUEUE_FIELDS = memo_new(256)
+-- {fields, at = {option -> index in the reply}}, kept per wanted set and queue name (a
+-- bounded number, as config_fields does).
+local ENQUEUE_SPECS = {}
+for wanted = 0, WANT.named + WANT.levels + WANT.join do ENQUEUE_SPECS[wanted] = memo_new(256) end
 
-local function enqueue_field_list(name, joining)
+local function enqueue_spec(name, wanted)
   local fields = {'max_queue_size', 'order', config_field(name, 'max_size'),
-    config_field(name, 'order'), config_field(name, 'named'),
-    config_field(name, 'priority_levels'), config_field(name, 'levels'),
+    config_field(name, 'order'), config_field(name, 'priority_levels'),
     config_field(name, 'max_wait_promote')}
-  if joining then
+  local at = {}
+  local function add(option, field)
+    fields[#fields + 1] = field
+    at[option] = #fields
+  end
+  if bit.band(wanted, WANT.named) ~= 0 then add('named', config_field(name, 'named')) end
+  if bit.band(wanted, WANT.levels) ~= 0 then add('levels', config_field(name, 'levels')) end
+  if bit.band(wanted, WANT.join) ~= 0 then
     for _, option in ipairs({'join', 'quantum', 'arrival_cap'}) do
-      fields[#fields + 1] = option
-      fields[#fields + 1] = config_field(name, option)
+      add('env_' .. option, option)
+      add(option, config_field(name, option))
     end
-    fields[#fields + 1] = config_field(name, 'parked')
-    fields[#fields + 1] = 'admission'
-    fields[#fields + 1] = config_field(name, 'admission')
-    fields[#fields + 1] = config_field(name, 'pool')
+    add('parked', config_field(name, 'parked'))
+    add('env_admission', 'admission')
+    add('admission', config_field(name, 'admission'))
+    add('pool', config_field(name, 'pool'))
   end
-  return fields
+  return {fields = fields, at = at}
 end
 
-local function enqueue_fields(name, joining)
-  -- kept by the name, '+' first when joining (queue names never start with '+')
-  return memo_get(ENQUEUE_FIELDS, joining and ('+' .. name) or name, enqueue_field_list, name,
-    joining)
-end
+-- The reply of a read of an environment without a config (read only).
+local NO_CONFIG = {}
 
-local function enqueue_config_read(X, V, env_id, name, joining)
-  local C = X.C
-  local raw = redis.call('HMGET', env_key(V, 'config'), unpack(enqueue_fields(name, joining)))
-  local env = {
-    V = V, env_id = env_id,
-    max_queue_size = option_value('int', raw[1]) or C.default_queue_size_limit,
-  }
-  local promote = option_value('float', raw[8])
-  local Q = level_base({
-    name = name, env = env, env_id = env_id, V = V, B = queue_prefix(X.tag, env_id, name),
-    max_size = option_value('int', raw[3]) or env.max_queue_size,
-    order = option_value('word', raw[4]) or option_value('word', raw[2]) or C.default_order,
-    named = option_value('flag', raw[5]) or false,
-    priority_levels = option_value('int', raw[6]) or DEFAULT_PRIORITY_LEVELS,
-    levels = option_value('int', raw[7]) or 0,
-    promote_ms = promote and math.floor(promote * 1000 + 0.5) or nil,
-  })
-  if joining then
-    -- raw[9..14]: join, quantum, arrival_cap, each the env's then the queue's; raw[15]
-    Q.join = option_value('word', raw[10]) or option_value('word', raw[9]) or C.default_join
-    Q.quantum = option_value('float', raw[12]) or option_value('float', raw[11])
-      or C.default_quantum
-    Q.arrival_cap = option_value('float', raw[14]) or option_value('float', raw[13])
+-- The options beyond the usual six into Q (`at`: where each is in `raw`).
+local function enqueue_config_more(C, Q, raw, at)
+  if at.named then Q.named = raw[at.named] == '1' end
+  if at.levels then Q.levels = tonumber(raw[at.levels]) or 0 end
+  if at.join then
+    Q.join = raw[at.join] or raw[at.env_join] or C.default_join
+    Q.quantum = tonumber(raw[at.quantum]) or tonumber(raw[at.env_quantum]) or C.default_quantum
+    Q.arrival_cap = tonumber(raw[at.arrival_cap]) or tonumber(raw[at.env_arrival_cap])
       or C.default_arrival_cap
-    Q.parked = option_value('flag', raw[15]) or false
-    Q.admission = option_value('word', raw[17]) or option_value('word', raw[16])
-      or C.default_admission
-    set_pool(Q, option_value('int', raw[18]) or 0)
+    Q.parked = raw[at.parked] == '1'
+    Q.admission = raw[at.admission] or raw[at.env_admission] or C.default_admission
+    set_pool(Q, tonumber(raw[at.pool]) or 0)
   end
-  return env, {[name] = Q}
+end
+
+-- A queue context with only those settings (an option not read stays nil: named
+-- unread = no run of the call needs it, levels unread = levels_bits reads it). Its
+-- level fields are its base level's, as level_base sets them. `key`: the env's config
+-- key, `B`: the queue's prefix.
+local function enqueue_config_read(X, V, env_id, name, wanted, key, B)
+  local C = X.C
+  local specs = ENQUEUE_SPECS[wanted]
+  local spec = specs.values[name] or memo_get(specs, name, enqueue_spec, name, wanted)
+  local raw = NO_CONFIG
+  -- (an EXISTS costs half a read of six fields)
+  if not HOOK.enqueue_probes_config or redis.call('EXISTS', key) == 1 then
+    local fields = spec.fields
+    if wanted == 0 then -- the usual call's six fields (unpack would be a C call)
+      raw = redis.call('HMGET', key, fields[1], fields[2], fields[3], fields[4], fields[5],
+        fields[6])
+    else
+      raw = redis.call('HMGET', key, unpack(fields))
+    end
+  end
+  -- (HMGET gives false for a missing field; tonumber is a C call: only on a value)
+  local promote = raw[6] and tonumber(raw[6])
+  local Q = {
+    name = name, env_id = env_id, V = V, B = B,
+    OB = B, OV = V, oname = name, level = BASE_LEVEL,
+    max_size = raw[3] and tonumber(raw[3]) or raw[1] and tonumber(raw[1])
+      or C.default_queue_size_limit,
+    order = raw[4] or raw[2] or C.default_order,
+    priority_levels = raw[5] and tonumber(raw[5]) or DEFAULT_PRIORITY_LEVELS,
+    promote_ms = promote and math.floor(promote * 1000 + 0.5) or nil,
+  }
+  if wanted ~= 0 then enqueue_config_more(C, Q, raw, spec.at) end
+  return Q
 end

@@ -19,5 +19,14 @@ HOOK.needs_fair = function(by_name)
   return false
 end
 
+-- The enqueue's form of needs_fair: one queue context.
+HOOK.needs_fair_queue = function(Q) return Q.order == 'fair' end
+
 -- An enqueue needs only its queue's size limit and order (and named flag) here.
 HOOK.enqueue_joins = false
+-- flow_queued does nothing: whether a flow's head in the heads index is new or lower
+-- than before need not be told apart.
+HOOK.asks_new_flow_head = false
+-- An age-order queue has mostly no options: an enqueue asks whether the environment's
+-- config exists (one key) before reading its fields.
+HOOK.enqueue_probes_config = true

@@ -412,5 +412,11 @@ HOOK.finish = function(X) end
 
 HOOK.needs_fair = function(by_name) return false end
 
+HOOK.needs_fair_queue = function(Q) return false end
+
 -- The fair order's enqueue hooks also read the queue's parked flag and join settings.
 HOOK.enqueue_joins = true
+-- flow_queued registers a flow whose head is new.
+HOOK.asks_new_flow_head = true
+-- A fair-order environment has its order in its config: an enqueue reads it at once.
+HOOK.enqueue_probes_config = false

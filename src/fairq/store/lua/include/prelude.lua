@@ -72,7 +72,10 @@ local function env_id_checked(value)
 end
 
 local function arg_env(value)
-  memo_get(ENV_IDS_CHECKED, value, env_id_checked, value)
+  -- (the lookup spelt here: a call of memo_get costs more than it)
+  if ENV_IDS_CHECKED.values[value] == nil then
+    memo_get(ENV_IDS_CHECKED, value, env_id_checked, value)
+  end
   return value
 end
 

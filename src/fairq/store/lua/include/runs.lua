@@ -38,8 +38,16 @@ end
 -- Returns 'new', 'lower' or nil.
 local function heads_place(X, Q, kind, score)
   local member = heads_member(kind, Q.env_id, Q.oname)
-  local current = tonumber(redis.call('ZSCORE', X.heads, member))
-  if current == nil then
+  if not HOOK.asks_new_flow_head then
+    -- (the hooks do not tell a new head from a lower one: one ZADD, LT = only lower an
+    -- existing score, CH = count it, instead of ZSCORE and then maybe ZADD)
+    if redis.call('ZADD', X.heads, 'LT', 'CH', score, member) == 1 then return 'lower' end
+    return nil
+  end
+  local current = redis.call('ZSCORE', X.heads, member)
+  -- (a score's text to a number by arithmetic: tonumber would be a C call)
+  if current then current = current + 0 end
+  if not current then
     redis.call('ZADD', X.heads, score, member)
     return 'new'
   elseif score < current then
@@ -322,7 +330,7 @@ end
 -- Apply what the script collected: slots, leases, TTL index, counters, heads index,
 -- recent lists, history, and the wake-up hint. Call once, at the end.
 local function state_flush(X)
-  if not rawget(X, 'made') then
+  if not X.made then
     -- no state table was made (an enqueue behind older runs, a dequeue that found
     -- nothing): only the wake-up hint can be due
     if X.wake then redis.call('PUBLISH', X.C.wake_channel, 'work') end

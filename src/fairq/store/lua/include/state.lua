@@ -40,8 +40,11 @@ local function shard_common(tag)
 end
 
 local function state_new(C, tag)
-  if getmetatable(STATE_NONE) == nil then setmetatable(STATE_NONE, STATE_NONE_META) end
-  local common = memo_get(SHARD_COMMON, tag, shard_common, tag)
+  if not STATE_NONE_META.sealed then -- (a flag: getmetatable would be a C call per call)
+    setmetatable(STATE_NONE, STATE_NONE_META)
+    STATE_NONE_META.sealed = true
+  end
+  local common = SHARD_COMMON.values[tag] or memo_get(SHARD_COMMON, tag, shard_common, tag)
   return setmetatable({
     C = C,
     tag = tag,
@@ -50,5 +53,8 @@ local function state_new(C, tag)
     leases = common[2],
     ttl = common[3],
     wake = false,
+    -- (set, so reading them costs no call of __index)
+    head_known = false,
+    made = false,
   }, STATE_META)
 end
