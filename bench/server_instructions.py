@@ -12,6 +12,8 @@ kernel's (socket system calls), and not the client's.
 Workloads (``--workloads``, comma-separated):
 
 * ``trigger``: one awaited ``Task.trigger`` per run, keyless (per op: one run);
+* ``trigger_fair``: the same in the fair order, each run with a key of 100 and a named
+  tenant of 10 (per op: one run);
 * ``drain``: ``dequeue_batch(10)`` + ``ack`` of a keyless queue, as a worker does (per
   op: one batch of 10);
 * ``fair:KEYS:TENANTS`` / ``age:KEYS:TENANTS``: dequeue 10 + ack of keyed runs in the
@@ -83,17 +85,23 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
     from fairq.store import RunQueue
 
     url = f"redis://127.0.0.1:{port}/0"
-    if workload in ("trigger", "drain"):
-        app = Fairq(env="bench:instructions:run", url=url, config=RunQueueConfig())
+    if workload in ("trigger", "trigger_fair", "drain"):
+        fair = workload == "trigger_fair"
+        config = RunQueueConfig().with_vtime(enabled=True) if fair else RunQueueConfig()
+        app = Fairq(env="bench:instructions:run", url=url, config=config)
         task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
+
+        def spread(i: int) -> dict[str, str]:
+            return {"concurrency_key": f"k{i % 100}", "tenant": f"t{i % 10}"} if fair else {}
+
         runs = WARM_OPS * 10 + n if workload == "drain" else WARM_OPS * 10
         for i in range(runs):
-            await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}")
+            await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}", **spread(i))
         measured = 0
-        if workload == "trigger":
+        if workload != "drain":
             _instrument(pid, True)
             for i in range(n):
-                await task.trigger({"i": i, "t": 0.0}, run_id=f"r{i}")
+                await task.trigger({"i": i, "t": 0.0}, run_id=f"r{i}", **spread(i))
             measured = n
         else:
             rq = await app.queue()
