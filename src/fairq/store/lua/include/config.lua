@@ -1,6 +1,14 @@
 -- config.lua: an environment's limits and options, and its queues', from V:config.
 -- A queue's option falls back to the environment's, then to the process default (C).
---@require state config_enqueue
+--@require state levels
+
+-- A stored option's value by its kind (every option is read with it).
+local function option_value(kind, raw)
+  if raw == nil or raw == false then return nil end
+  if kind == 'word' then return raw end
+  if kind == 'flag' then return raw == '1' end
+  return tonumber(raw)
+end
 
 -- The environment: its limits and the option defaults of its queues.
 local function env_config(X, V, env_id, raw)

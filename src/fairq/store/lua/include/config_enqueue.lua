@@ -12,14 +12,6 @@
 -- about as much as a small command's arguments: the list holds only the wanted ones).
 local WANT = {named = 1, levels = 2, join = 4}
 
--- A stored option's value by its kind (config.lua reads every option with it).
-local function option_value(kind, raw)
-  if raw == nil or raw == false then return nil end
-  if kind == 'word' then return raw end
-  if kind == 'flag' then return raw == '1' end
-  return tonumber(raw)
-end
-
 -- {fields, at = {option -> index in the reply}}, kept per wanted set and queue name (a
 -- bounded number, as config_fields does).
 local ENQUEUE_SPECS = {}
