@@ -30,6 +30,11 @@ temporary worktree, imported instead of this checkout), and reports REF / this r
     python bench/server_instructions.py [--workloads trigger,drain,fair:1000:100]
                                         [--n 2000] [--against HEAD~1]
 
+With ``FAIRQ_CALLGRIND_KEEP=DIR`` each workload's profile is kept in DIR (one file per
+checkout and workload) for ``callgrind_annotate``: where the server's time goes, by C
+function. ``FAIRQ_BENCH_SERVER_ARGS`` adds options to the server's command line (e.g.
+``--hash-max-listpack-entries 16``: what the hashes' compact encoding costs).
+
 Needs valgrind (Debian package ``valgrind``); prints one JSON document. Not run in CI.
 """
 
@@ -207,7 +212,10 @@ def measure(source: Path, workload: str, n: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fairq-instructions-") as work:
         out = os.path.join(work, "callgrind.out")
         # the embedded server's own command line (a scratch server), run under callgrind
-        valkey = EmbeddedServer(port=port, data_dir=Path(work)).command()
+        valkey = (
+            EmbeddedServer(port=port, data_dir=Path(work)).command()
+            + os.environ.get("EXTRA_SERVER_ARGS", "").split()
+        )
         server = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no",
              f"--callgrind-out-file={out}", *valkey],
@@ -229,6 +237,11 @@ def measure(source: Path, workload: str, n: int) -> dict[str, Any]:
         finally:
             if server.poll() is None:
                 server.kill()
+        keep = os.environ.get("FAIRQ_CALLGRIND_KEEP")
+        if keep:  # a directory to keep the profile in, for callgrind_annotate
+            os.makedirs(keep, exist_ok=True)
+            for path in glob.glob(out + "*"):
+                shutil.copy(path, os.path.join(keep, f"{source.name}-{workload}.callgrind"))
         total = 0
         for path in glob.glob(out + "*"):
             with open(path) as f:

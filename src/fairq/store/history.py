@@ -24,6 +24,15 @@ HISTORY_MAX_FIELDS: Final = 256
 HISTORY_TENANT_PREFIX: Final = "t:"
 #: The field counting the tenants a full bucket has no field for.
 HISTORY_OVERFLOW_FIELD: Final = HISTORY_TENANT_PREFIX + "~"
+#: A bucket hash (history or shares) of this many fields or more gets one more field,
+#: ``WIDE_FIELD``, whose value is longer than a server keeps in a compact hash (64 bytes by
+#: default): the server then keeps the hash as a hash table, where a field costs the same
+#: whatever the hash holds. Kept compact (a list the server scans field by field, up to
+#: 512 fields on Valkey 9), a bucket of a few hundred tenants or flows cost every finish
+#: and serve a scan of all of them. The value reads as the number 0 for every reader.
+WIDE_AT: Final = 32
+WIDE_FIELD: Final = "~wide"
+WIDE_VALUE: Final = "0." + "0" * 64
 #: A bucket's counters: runs served and their summed wait (ms), runs finished by how,
 #: retried, dead-lettered, expired, and the summed run time (ms) of finished runs.
 HISTORY_COUNTERS: Final = (

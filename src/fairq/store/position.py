@@ -614,7 +614,7 @@ class PositionOps(ReaderOps):
             pipe.hmget(q.key_rates, [k or "~" for k in fkeys])
             pipe.hmget(q.tenant_caps, tenant_names)
             pipe.hmget(q.tenant_rates, tenant_names)
-            pipe.hmget(q.tenant_running, tenant_names)
+            pipe.hmget(q.tenant_running, [*tenant_names, ""])  # '': the seeded marker
             pipe.hmget(q.buckets, [*(f"t:{t}" for t in tenant_names), *(f"k:{n}" for n in names)])
             pipe.hmget(keys.env.tenant_weights, tenant_names)
             pipe.hmget(q.key_weights, [k or "~" for k in fkeys])
@@ -644,8 +644,9 @@ class PositionOps(ReaderOps):
                 tag=None if snap.order != "fair" else _key_tag(tag, parked, first.floors[level]),
                 before_score=int(per_flow[i * width + 5]) if run is not None else 0,
             )  # fmt: skip
-            if named and trunning[i] is not None:
-                snap.tenant_running[tenant] = int(trunning[i])
+            if named and (trunning[i] is not None or trunning[-1] is not None):
+                # a seeded hash holds only the tenants with runs in flight
+                snap.tenant_running[tenant] = int(trunning[i] or 0)
             snap.flows.append(f)
         rank = rest[8] if run is not None else None
         return None if rank is None else int(rank)

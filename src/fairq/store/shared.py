@@ -68,6 +68,9 @@ HISTORY: Final[dict[str, Value]] = {
     "max_fields": history.HISTORY_MAX_FIELDS,
     "tenant_prefix": history.HISTORY_TENANT_PREFIX,
     "overflow_field": history.HISTORY_OVERFLOW_FIELD,
+    "wide_at": history.WIDE_AT,
+    "wide_field": history.WIDE_FIELD,
+    "wide_value": history.WIDE_VALUE,
 }
 
 #: ``SHARES.<name>``: a queue's shares buckets as the scripts write them.
@@ -81,6 +84,9 @@ SHARES: Final[dict[str, Value]] = {
     "runs_prefix": share_record.RUNS_PREFIX,
     "run_ms_prefix": share_record.RUN_MS_PREFIX,
     "overflow_flow": share_record.OVERFLOW_FLOW,
+    "wide_at": history.WIDE_AT,
+    "wide_field": history.WIDE_FIELD,
+    "wide_value": history.WIDE_VALUE,
 }
 
 

@@ -6,7 +6,7 @@
 -- counter that is missing (never seeded, or expired: its TTL, COUNTER_TTL, bounds any
 -- drift) is seeded from the truth: when a script reads it, before that script's changes;
 -- when a script only moves it, after them (the truth then already includes them).
--- Decrements floor at 0.
+-- Decrements floor at 0 (a tenant's count at 0 is its field's absence).
 --@require state
 
 local function queued_truth(B)
@@ -163,11 +163,18 @@ local function counters_flush(X)
       local q = X.tenant_running_queue[key]
       tenant_running_seed(X, q.B, q.V, q.env_id, q.queue)
     else
+      -- a tenant with none in flight leaves the hash (missing = 0; the '' field keeps the
+      -- hash seeded), so the hash holds the tenants running now, not every tenant that ever
+      -- ran: a server keeps a hash of up to hash-max-listpack-entries fields (512 on
+      -- Valkey 9) as one list it scans per field
+      local idle = nil
       for tenant, delta in pairs(deltas) do
-        if delta ~= 0 and redis.call('HINCRBY', key, tenant, delta) < 0 then
-          redis.call('HSET', key, tenant, 0)
+        if delta ~= 0 and redis.call('HINCRBY', key, tenant, delta) <= 0 then
+          if idle == nil then idle = {} end
+          idle[#idle + 1] = tenant
         end
       end
+      if idle ~= nil then redis.call('HDEL', key, unpack(idle)) end
     end
   end
 end

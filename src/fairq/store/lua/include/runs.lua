@@ -372,7 +372,10 @@ local function state_flush(X)
     local names = {}
     for field in pairs(h.fields) do names[#names + 1] = field end
     names[#names + 1] = overflow_field
+    names[#names + 1] = HISTORY.wide_field -- (read, then dropped from names)
     local old = redis.call('HMGET', h.key, unpack(names))
+    local narrow = not old[#names]
+    names[#names] = nil
     local fresh, new_tenant = true, false
     for i = 1, #names do
       if old[i] then
@@ -383,8 +386,12 @@ local function state_flush(X)
     end
     -- bounded: once a bucket holds HISTORY.max_fields fields, further tenants are
     -- counted together under the overflow field
-    local full = new_tenant and not fresh and redis.call('HLEN', h.key) >= HISTORY.max_fields
+    local length = (fresh and 0) or (new_tenant and redis.call('HLEN', h.key))
+    local full = length and length >= HISTORY.max_fields
     local args, overflow = {}, 0
+    if narrow and length and length + #names >= HISTORY.wide_at then
+      args[1], args[2] = HISTORY.wide_field, HISTORY.wide_value -- (see history.py: WIDE_AT)
+    end
     for i = 1, #names - 1 do
       local field, n = names[i], h.fields[names[i]]
       if full and not old[i] and string.sub(field, 1, prefix_end) == tenant_prefix then

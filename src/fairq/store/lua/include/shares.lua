@@ -8,13 +8,20 @@
 local function shares_bucket_add(key, adds)
   local names = {}
   for name in pairs(adds) do names[#names + 1] = name end
+  names[#names + 1] = SHARES.wide_field -- (read, then dropped from names)
   local old = call_list('HMGET', key, names)
+  local narrow = not old[#names]
+  names[#names] = nil
   local new = false
   for i = 1, #names do
     if not old[i] then new = true end
   end
-  local full = new and redis.call('HLEN', key) >= SHARES.max_fields
+  local length = new and redis.call('HLEN', key)
+  local full = length and length >= SHARES.max_fields
   local args, over = {}, {}
+  if narrow and length and length + #names >= SHARES.wide_at then
+    args[1], args[2] = SHARES.wide_field, SHARES.wide_value -- (see history.py: WIDE_AT)
+  end
   for i, name in ipairs(names) do
     local n = adds[name]
     if full and not old[i] and name ~= SHARES.samples_field then
