@@ -327,45 +327,9 @@ local function expire_run(X, Q, ck, run, member, attempts)
   history_add(X, Q, 'expired', 1)
 end
 
--- Apply what the script collected: slots, leases, TTL index, counters, heads index,
--- recent lists, history, and the wake-up hint. Call once, at the end.
-local function state_flush(X)
-  if not X.made then
-    -- no state table was made (an enqueue behind older runs, a dequeue that found
-    -- nothing): only the wake-up hint can be due
-    if X.wake then redis.call('PUBLISH', X.C.wake_channel, 'work') end
-    return
-  end
-  ck_index_flush(X)
-  slots_flush(X)
-  for V, runs in pairs(state_peek(X, 'env_take')) do
-    call_chunked('SADD', env_key(V, 'inflight'), runs)
-  end
-  -- a consumer found ready work behind a limit (a gated flag): freed slots may let it
-  -- go. The flags go in one DEL with the keys known to exist (X.deletes): more deleted
-  -- than those means a flag was set.
-  local dels, flags = rawget(X, 'deletes') or {}, 0
-  for V, runs in pairs(state_peek(X, 'env_free')) do
-    call_chunked('SREM', env_key(V, 'inflight'), runs)
-    dels[#dels + 1] = env_key(V, 'gated')
-    flags = flags + 1
-  end
-  if #dels > 0 and del_keys(dels) > #dels - flags then X.wake = true end
-  X.deletes = nil
-  local lease_add, lease_del = state_peek(X, 'lease_add'), state_peek(X, 'lease_del')
-  if #lease_add > 0 then call_chunked('ZADD', X.leases, lease_add) end
-  if #lease_del > 0 then call_chunked('ZREM', X.leases, lease_del) end
-  local ttl_del = state_peek(X, 'ttl_del')
-  if #ttl_del > 0 then call_chunked('ZREM', X.ttl, ttl_del) end
-  counters_flush(X)
-  for _, t in pairs(state_peek(X, 'touched')) do heads_rebalance(X, t[1], t[2], t[3], t[4]) end
-  for B, entries in pairs(state_peek(X, 'recent')) do
-    local length = call_chunked('LPUSH', queue_key(B, 'recent'), entries)
-    local keep = X.C.recent_runs
-    if length > keep + math.max(16, math.floor(keep / 10)) then
-      redis.call('LTRIM', queue_key(B, 'recent'), 0, keep - 1)
-    end
-  end
+-- Write the history counters the call collected (history_add), one HMGET and one HSET
+-- per bucket.
+local function history_flush(X)
   local overflow_field, tenant_prefix = HISTORY.overflow_field, HISTORY.tenant_prefix
   local prefix_end = #tenant_prefix
   for _, h in pairs(state_peek(X, 'history')) do
@@ -408,5 +372,47 @@ local function state_flush(X)
     redis.call('HSET', h.key, unpack(args))
     if fresh then redis.call('EXPIRE', h.key, HISTORY.ttl_s) end
   end
+end
+
+-- Apply what the script collected: slots, leases, TTL index, counters, heads index,
+-- recent lists, history, and the wake-up hint. Call once, at the end.
+local function state_flush(X)
+  if not X.made then
+    -- no state table was made (an enqueue behind older runs, a dequeue that found
+    -- nothing): only the wake-up hint can be due
+    if X.wake then redis.call('PUBLISH', X.C.wake_channel, 'work') end
+    return
+  end
+  ck_index_flush(X)
+  slots_flush(X)
+  for V, runs in pairs(state_peek(X, 'env_take')) do
+    call_chunked('SADD', env_key(V, 'inflight'), runs)
+  end
+  -- a consumer found ready work behind a limit (a gated flag): freed slots may let it
+  -- go. The flags go in one DEL with the keys known to exist (X.deletes): more deleted
+  -- than those means a flag was set.
+  local dels, flags = rawget(X, 'deletes') or {}, 0
+  for V, runs in pairs(state_peek(X, 'env_free')) do
+    call_chunked('SREM', env_key(V, 'inflight'), runs)
+    dels[#dels + 1] = env_key(V, 'gated')
+    flags = flags + 1
+  end
+  if #dels > 0 and del_keys(dels) > #dels - flags then X.wake = true end
+  X.deletes = nil
+  local lease_add, lease_del = state_peek(X, 'lease_add'), state_peek(X, 'lease_del')
+  if #lease_add > 0 then call_chunked('ZADD', X.leases, lease_add) end
+  if #lease_del > 0 then call_chunked('ZREM', X.leases, lease_del) end
+  local ttl_del = state_peek(X, 'ttl_del')
+  if #ttl_del > 0 then call_chunked('ZREM', X.ttl, ttl_del) end
+  counters_flush(X)
+  for _, t in pairs(state_peek(X, 'touched')) do heads_rebalance(X, t[1], t[2], t[3], t[4]) end
+  for B, entries in pairs(state_peek(X, 'recent')) do
+    local length = call_chunked('LPUSH', queue_key(B, 'recent'), entries)
+    local keep = X.C.recent_runs
+    if length > keep + math.max(16, math.floor(keep / 10)) then
+      redis.call('LTRIM', queue_key(B, 'recent'), 0, keep - 1)
+    end
+  end
+  history_flush(X)
   if X.wake then redis.call('PUBLISH', X.C.wake_channel, 'work') end
 end
