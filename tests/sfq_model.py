@@ -5,7 +5,8 @@ transliterating the Lua, so tests/integration/test_vtime_model.py can run random
 workloads through the model and the real scripts and compare them serve by serve;
 then brought in line with the design changes notes/migration.md records after it (the
 floors as ``~floor`` members, pruning on ticks, cap parks only for a flow holding a
-slot plus a re-check, key sets loaded at least :data:`KEYS_LOADED` wide and a tenant
+slot plus a re-check, key sets read :data:`KEYS_LOADED` entries at a time, more while the best key
+known may not be the tenant's best, and a tenant
 leaving its queue's candidates only by what the call knows about its key set).
 
 An ambiguity of the spec the workloads avoid: a key serving as its own tenant in
@@ -55,8 +56,8 @@ TICK = 8
 CAP_RECHECK_MS = 30_000
 #: The member of V:tt (and of a key set) that holds its floor.
 FLOOR_MEMBER = "~floor"
-#: Entries of a key set a dequeue reads at least (a smaller set is read whole).
-KEYS_LOADED = 16
+#: Entries of a key set a dequeue reads first (twice as many each time it needs more).
+KEYS_LOADED = 6
 
 
 def flow_of(key: str | None, tenant: str | None) -> str:
@@ -174,6 +175,8 @@ class _Pair:
     simple: bool = False
     keys: list[_Key] | None = None
     complete: bool = False  # its whole key set was loaded
+    width: int = 0  # entries of its key set the last read asked for
+    bound: float = INF  # no key it does not list has a lower tag
     kf: list[float | bool] | None = None  # [value, dirty] of its key floor
     ten: _Ten | None = None
 
@@ -247,6 +250,8 @@ class SfqModel:
     tt: dict[str, float] = field(default_factory=dict)  # V:tt
     tfloor: float | None = None  # V:tt[~floor]
     tw: dict[str, float] = field(default_factory=dict)  # V:tw
+    #: how many times a serve read more of a key set than its first entries
+    reads_more: int = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -630,47 +635,84 @@ class SfqModel:
                 return False
             return all(k.gone for k in p.keys or [])
 
+        def key_entries(p: _Pair, width: int) -> list[tuple[str, float]]:
+            """The first ``width`` entries of p's key set (its floor member included), and
+            whether that is all of it."""
+            members = dict(p.q.keysets.get(p.tenant) or {})
+            if p.tenant in p.q.kfloor:
+                members[FLOOR_MEMBER] = p.q.kfloor[p.tenant]
+            entries = sorted(members.items(), key=lambda e: (e[1], e[0]))[:width]
+            p.width = width
+            p.complete = len(entries) < width
+            return entries
+
+        def list_keys(p: _Pair, entries: list[tuple[str, float]]) -> None:
+            assert p.keys is not None and p.kf is not None
+            listed = {k.flow for k in p.keys}
+            for f, tag in entries:
+                if f != FLOOR_MEMBER and f not in listed:
+                    listed.add(f)
+                    k = _Key(f, max(tag, float(p.kf[0])), p.disc.get(f, INF), self._kw(p.q, f))
+                    p.keys.append(k)
+
+        def read_bound(p: _Pair, entries: list[tuple[str, float]]) -> None:
+            assert p.kf is not None
+            p.bound = INF if p.complete else max(entries[-1][1], float(p.kf[0]))
+
         def load_keys(p: _Pair) -> None:
             if p.keys is not None or p.simple:
                 return
             q = p.q
-            width = max(budget + 8, KEYS_LOADED)
-            kk = q.keysets.get(p.tenant) or {}
-            members = dict(kk)
-            if p.tenant in q.kfloor:
-                members[FLOOR_MEMBER] = q.kfloor[p.tenant]
-            entries = sorted(members.items(), key=lambda e: (e[1], e[0]))[:width] if q.named else []
+            entries = key_entries(p, KEYS_LOADED) if q.named else []
             if not entries:
                 p.simple = True
                 return
-            p.complete = len(entries) < width
-            tags = {f: tag for f, tag in entries if f != FLOOR_MEMBER}
-            flows = list(tags)
-            kf = self._key_floor(call, q, p.tenant)
-            for f in sorted(f for f in p.disc if f not in tags):
+            kk = q.keysets.get(p.tenant) or {}
+            p.kf = self._key_floor(call, q, p.tenant)
+            p.keys = []
+            list_keys(p, entries)
+            read_bound(p, entries)
+            listed = {k.flow for k in p.keys}
+            added: list[tuple[str, float]] = []
+            for f in sorted(f for f in p.disc if f not in listed):
                 found = None if p.complete else kk.get(f)
                 tag = found if found is not None else self._register_key(call, q, p.tenant, f)
                 if tag is not None:
-                    flows.append(f)
-                    tags[f] = tag
-            p.kf = kf
-            p.keys = [
-                _Key(f, max(tags[f], float(kf[0])), p.disc.get(f, INF), self._kw(q, f))
-                for f in flows
-            ]
+                    added.append((f, tag))
+            list_keys(p, added)
             keysets[(q.name, p.tenant)] = p
             if not p.keys and pair_emptied(p):
+                drop(p)
+
+        def load_more_keys(p: _Pair) -> None:
+            self.reads_more += 1
+            entries = key_entries(p, 2 * p.width)
+            list_keys(p, entries)
+            read_bound(p, entries)
+            if pair_emptied(p):
                 drop(p)
 
         def pair_key(c: _Pair) -> tuple[float, float, str, str]:
             assert c.ten is not None and c.ten.tag is not None
             return (c.ten.tag, c.tie, c.tenant, c.q.name)
 
-        def best_keys(p: _Pair) -> tuple[_Key | None, _Key | None]:
+        def listed_best(p: _Pair) -> tuple[_Key | None, _Key | None]:
             active = sorted(
                 (k for k in p.keys or [] if k.active), key=lambda k: (k.tag, k.tie, k.flow)
             )
             return (active[0] if active else None, active[1] if len(active) > 1 else None)
+
+        def best_keys(p: _Pair) -> tuple[_Key | None, _Key | None]:
+            """The tenant's best key and the next (at most the bound of what was read: a
+            key not read may be there), reading more of its set while the best listed key
+            may not be the best."""
+            best, second = listed_best(p)
+            while not p.complete and (best is None or best.tag > p.bound):
+                load_more_keys(p)
+                best, second = listed_best(p)
+            if not p.complete and (second is None or second.tag > p.bound):
+                second = _Key("", p.bound, INF, 1.0)
+            return best, second
 
         def drop(p: _Pair) -> None:
             p.active = False

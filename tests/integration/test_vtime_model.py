@@ -46,6 +46,7 @@ class Options:
     keyless: float = 0.15  # share of enqueues without a key
     keys: int = 10  # concurrency keys in use
     named: float = 0.6  # share of keys that start in a named tenant
+    max_count: int = 10  # a dequeue asks for 1 to this many runs
 
 
 def model_pool(model: SfqModel) -> int:
@@ -150,7 +151,7 @@ async def run_workload(
                 model.enqueue(queue, run, key, tenant, score, now)
         elif op < 0.63:
             kind = "dequeue"
-            max_count = rng.randint(1, 10)
+            max_count = rng.randint(1, opts.max_count)
             chosen = (
                 queues if rng.random() < 0.7 else rng.sample(queues, rng.randint(1, len(queues)))
             )
@@ -236,7 +237,14 @@ SEEDS: list[tuple[int, Options]] = [
     (8, Options(keys=40, named=0.95, queues=("q0", "q1"), env_limit=12)),
     # tenants of ~30 keys in one queue: key sets past the size that is scanned (a heap)
     (9, Options(keys=90, named=1.0, queues=("q0",), env_limit=24)),
+    # tenants of 40-50 keys served many times per call (one run per key per call in one):
+    # the serve reads more of a key set, past its first entries, again and again
+    (10, Options(keys=120, named=1.0, env_limit=200, max_per_key=1, max_count=30)),
+    (11, Options(keys=150, named=1.0, env_limit=200, quantum=0.5, max_count=30)),
 ]
+#: the seeds whose tenants hold more keys than a serve reads first: at least how many times
+#: their serves read more of a key set
+MANY_KEYS = {9: 3, 10: 10, 11: 5}
 STEPS = 1500
 
 
@@ -249,7 +257,8 @@ async def test_lua_fair_order_matches_reference_model(
     nacks with retry times, cap, weight and tenant changes, loss of the floor key, clock
     jumps past the cap parks' re-check), the
     Lua serves exactly the model's (run, queue, key, tenant) sequence and leaves exactly
-    the model's stored state after every operation. 9 seeds: 13,500 operations."""
+    the model's stored state after every operation. 11 seeds: 16,500 operations; where
+    tenants hold many keys, the serves read more of their key sets many times."""
     started = time.monotonic()
     rq = await make_queue(
         vtime={"enabled": True, "quantum": opts.quantum, "scan_window_multiplier": opts.window,
@@ -264,6 +273,8 @@ async def test_lua_fair_order_matches_reference_model(
     counts = await run_workload(rq, env, model, opts, random.Random(seed), STEPS)
     assert counts["served"] > 400, counts
     assert min(counts.get(k, 0) for k in ("cap", "weight", "tenant", "nack")) > 10, counts
+    if seed in MANY_KEYS:
+        assert model.reads_more >= MANY_KEYS[seed], (seed, model.reads_more)
     assert time.monotonic() - started < 30
 
 

@@ -12,9 +12,10 @@ do
   -- the engine's functions, as fields of one local (see above)
   local E = {}
 
-  --- How many entries of a tenant's key set a dequeue reads at least (a set this small is
-  --- read whole: the call then knows when the tenant's last key leaves).
-  local KEYS_LOADED = 16
+  --- How many entries of a tenant's key set a dequeue reads first (most tenants are served
+  --- once or twice per call); it reads more while the best key it knows may not be the
+  --- tenant's best (load_more_keys).
+  local KEYS_LOADED = 6
   --- A key set this small is scanned for its best key (no heap); so is a bigger one the
   --- first time its tenant is served in a call (most tenants are served once per call).
   local KEYS_SCANNED = 16
@@ -351,8 +352,9 @@ do
 
   -- ------------------------------------------------------------------ keys of a pair
 
-  -- The flows of a pair (loaded on first use): simple, or its key set. Each key is a
-  -- record {flow, tag, tie, active, weight} (and gone / touched once set).
+  -- The flows of a pair (loaded on first use): simple, or the first KEYS_LOADED entries
+  -- of its key set (more are read when the call needs them: load_more_keys). Each key is
+  -- a record {flow, tag, tie, active, weight} (and gone / touched once set).
   function E.load_keys(F, p)
     if p.keys ~= nil or p.simple then return end
     local X, Q = F.X, p.Q
@@ -361,77 +363,133 @@ do
       return
     end
     local kk = tenant_key(Q.OB, p.T, 'keys')
-    local width = math.max(F.budget + 8, KEYS_LOADED)
-    local entries = redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
+    local entries = redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
     local n = #entries
     if n == 0 then
       p.simple = true
       return
     end
-    p.complete = n < 2 * width
+    p.complete = n < 2 * KEYS_LOADED
+    p.width = KEYS_LOADED
     local floor_raw = nil
     if p.complete then floor_raw = false end
-    local keys, nk, disc = {}, 0, p.disc
     for i = 1, n, 2 do
-      local flow = entries[i]
-      if flow == FLOOR_MEMBER then
-        floor_raw = entries[i + 1]
-      else
-        nk = nk + 1
-        keys[nk] = {flow = flow, tag = tonumber(entries[i + 1]),
-          tie = disc and disc[flow] or math.huge, active = true, weight = 1}
-      end
+      if entries[i] == FLOOR_MEMBER then floor_raw = entries[i + 1] end
     end
-    local kf = key_floor(X, Q, p.T, kk, floor_raw)
-    if disc ~= nil then
-      -- discovered keys of this tenant the loaded part of its set does not list
-      local listed = {}
-      for j = 1, nk do listed[keys[j].flow] = true end
-      local missing = {}
-      for flow in pairs(disc) do
-        if not listed[flow] then missing[#missing + 1] = flow end
-      end
-      if #missing > 0 then
-        table.sort(missing)
-        local found = {}
-        if not p.complete then found = call_list('ZMSCORE', kk, missing) end
-        for i, flow in ipairs(missing) do
-          local tag = tonumber(found[i])
-          if tag == nil then tag = register_key(X, Q, p.T, flow) end
-          if tag ~= nil then
-            nk = nk + 1
-            keys[nk] = {flow = flow, tag = tag, tie = disc[flow] or math.huge, active = true,
-              weight = 1}
-          end
+    local missing = p.disc and E.unread(p.disc, entries)
+    local found = {}
+    if not p.complete and (missing or floor_raw == nil) then
+      -- their tags and (when it was not read) the key floor, in one read
+      local names = {FLOOR_MEMBER}
+      for i, flow in ipairs(missing or {}) do names[i + 1] = flow end
+      found = call_list('ZMSCORE', kk, names)
+      if floor_raw == nil then floor_raw = found[1] or false end
+      table.remove(found, 1)
+    end
+    p.keys = {}
+    p.kf = key_floor(X, Q, p.T, kk, floor_raw)
+    E.list_keys(p, entries, false)
+    E.read_bound(p, entries)
+    if missing then
+      local added = {}
+      for i, flow in ipairs(missing) do
+        local tag = tonumber(found[i])
+        if tag == nil then tag = register_key(X, Q, p.T, flow) end
+        if tag ~= nil then
+          added[#added + 1] = flow
+          added[#added + 1] = tag
         end
       end
+      E.list_keys(p, added, false)
     end
-    local floor = kf.value
-    for j = 1, nk do
-      if keys[j].tag < floor then keys[j].tag = floor end
-    end
-    if Q.weighted and nk > 0 then
-      local flows = {}
-      for j = 1, nk do flows[j] = flow_key(keys[j].flow) end
-      local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
-      for j = 1, nk do keys[j].weight = tonumber(raw[j]) or 1 end
-    end
-    p.keys, p.kf = keys, kf
     F.loaded[#F.loaded + 1] = p
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
-    if nk == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
+    if #p.keys == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
   end
 
-  -- A pair's best active key and the next best. A key set of at most KEYS_SCANNED keys is
-  -- scanned (no heap to build: most pairs serve once or twice per call), and so is a
-  -- bigger one at the pair's first pick in the call; from its second pick on, a bigger
-  -- one has a heap, built then from its keys as they are, from which the best key is
-  -- taken out (the serve loop puts it back while it stays active). A key that turned
-  -- inactive is dropped from the heap when it comes up.
-  function E.best_key(p)
+  -- The discovered flows (`disc`: flow -> head) that `entries` (a read of the key set) do
+  -- not list, sorted; nil when there are none.
+  function E.unread(disc, entries)
+    local missing = nil
+    for flow in pairs(disc) do
+      local read = false
+      for i = 1, #entries, 2 do
+        if entries[i] == flow then
+          read = true
+          break
+        end
+      end
+      if not read then
+        missing = missing or {}
+        missing[#missing + 1] = flow
+      end
+    end
+    if missing then table.sort(missing) end
+    return missing
+  end
+
+  -- Add the keys of `entries` (flow, tag, ... as ZRANGE WITHSCORES gives them) to pair p's:
+  -- tags at least the key floor, weights, heads discovered. With `dedupe`, keys it lists
+  -- already are passed over.
+  function E.list_keys(p, entries, dedupe)
+    local Q, keys, disc = p.Q, p.keys, p.disc
+    local floor = p.kf.value
+    local first = #keys + 1
+    local listed = nil
+    if dedupe then
+      listed = {}
+      for _, k in ipairs(keys) do listed[k.flow] = true end
+    end
+    for i = 1, #entries, 2 do
+      local flow = entries[i]
+      if flow ~= FLOOR_MEMBER and not (listed and listed[flow]) then
+        local tag = tonumber(entries[i + 1])
+        if tag < floor then tag = floor end
+        keys[#keys + 1] = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge,
+          active = true, weight = 1}
+      end
+    end
+    if Q.weighted and #keys >= first then
+      local flows = {}
+      for j = first, #keys do flows[#flows + 1] = flow_key(keys[j].flow) end
+      local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
+      for j = first, #keys do keys[j].weight = tonumber(raw[j - first + 1]) or 1 end
+    end
+  end
+
+  -- After a read of the first entries of p's key set: unless it read the whole set, no
+  -- key it did not list has a tag below the last entry's (or the key floor).
+  function E.read_bound(p, entries)
+    if p.complete then
+      p.bound = math.huge
+    else
+      p.bound = math.max(tonumber(entries[#entries]), p.kf.value)
+    end
+  end
+
+  -- The next entries of an incompletely read key set (twice as many as the last read, from
+  -- its start: the keys that left it in this call are no longer there); the key heaps are
+  -- built again from the longer list. Drops the pair when its set turned out to be empty.
+  function E.load_more_keys(F, p)
+    p.width = 2 * p.width
+    local kk = tenant_key(p.Q.OB, p.T, 'keys')
+    local entries = redis.call('ZRANGE', kk, 0, p.width - 1, 'WITHSCORES')
+    p.complete = #entries < 2 * p.width
+    E.list_keys(p, entries, true)
+    E.read_bound(p, entries)
+    p.kheap, p.tieheap = nil, nil
+    if E.pair_emptied(F.X, p) then E.drop_pair(p) end
+  end
+
+  -- A pair's best active key and the next best among the keys it lists. A key set of at
+  -- most KEYS_SCANNED listed keys is scanned (no heap to build: most pairs serve once or
+  -- twice per call), and so is a bigger one at the pair's first pick in the call; from its
+  -- second pick on, a bigger one has a heap, built then from its keys as they are, from
+  -- which the best key is taken out (the serve loop puts it back while it stays active). A
+  -- key that turned inactive is dropped from the heap when it comes up.
+  function E.listed_best(p)
     local keys = p.keys
     local n = #keys
-    p.picks = p.picks + 1
     if n <= KEYS_SCANNED or p.picks == 1 then
       local best, second
       for j = 1, n do
@@ -458,6 +516,22 @@ do
     while best ~= nil and not best.active do best = heap_pop(h) end
     while h.n > 0 and not h[1].active do heap_pop(h) end
     return best, h[1]
+  end
+
+  -- A pair's best active key and the next best: while the best it lists may not be the
+  -- tenant's (none listed, or its tag above the bound of what was read), more of the key
+  -- set is read. The next best is then at most the bound (a key not read may be there).
+  function E.best_key(F, p)
+    p.picks = p.picks + 1
+    local best, second = E.listed_best(p)
+    while not p.complete and (best == nil or best.tag > p.bound) do
+      E.load_more_keys(F, p)
+      best, second = E.listed_best(p)
+    end
+    if not p.complete and (second == nil or second.tag > p.bound) then
+      second = {tag = p.bound}
+    end
+    return best, second
   end
 
   -- The least `tie` (longest-waiting known head) of a pair's active keys: scanned in a
@@ -690,7 +764,7 @@ do
     if p.simple then
       flow = string.sub(p.T, 1, 1) == '/' and KEYLESS_FLOW or p.T
     else
-      kc, kc2 = E.best_key(p)
+      kc, kc2 = E.best_key(F, p)
       if kc ~= nil then flow = kc.flow end
     end
     if flow == nil then
