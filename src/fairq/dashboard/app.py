@@ -45,7 +45,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -59,7 +60,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
@@ -192,6 +193,180 @@ def display_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
+# ---------------------------------------------------------------------- the actions
+
+#: What an action did: (status, flash, audit target, audit detail).
+_ActionResult = tuple[int, str, str, str]
+_ActionHandler = Callable[
+    [RunQueue, Environment, str, dict[str, list[str]]], Awaitable[_ActionResult]
+]
+
+
+async def _apply_action(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """Do one action; returns (status, flash, audit target, audit detail)."""
+    handler = _ACTION_HANDLERS.get(action)
+    if handler is None:
+        raise ActionError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+    return await handler(rq, env, action, form)
+
+
+async def _pause_or_resume(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """``pause`` or ``resume`` the form's ``queue`` (its limits are kept)."""
+    queue = _field(form, "queue")
+    await rq.configure(env, [queue_option(queue, "paused", True if action == "pause" else None)])
+    return 200, f"{queue}: {action}d (its limits are kept)", f"queue {queue}", ""
+
+
+async def _redrive_run(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """``redrive``: move the dead letter ``run`` back to its queue (404 once it is gone)."""
+    run_id = _field(form, "run")
+    try:
+        await rq.redrive(env, run_id)
+    except RunNotFoundError:
+        return 404, f"{run_id} is no longer in the dead-letter queue", "", ""
+    return 200, f"redriven {run_id}", f"run {run_id}", ""
+
+
+async def _cancel_run(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """``cancel`` the queued run ``run``, or ``delete`` the dead letter ``run``."""
+    run_id = _field(form, "run")
+    # one script call that acts only if the run is still where the page showed
+    # it: a dead letter redriven, or a queued run started, meanwhile is left alone
+    wanted = RunStatus.DEAD_LETTERED if action == "delete" else RunStatus.QUEUED
+    outcome = await rq.cancel(env, run_id, only_if=wanted)
+    if action == "delete" and not outcome.cancelled:
+        return 404, f"{run_id} is not in the dead-letter queue", "", ""
+    if not outcome.cancelled:
+        return 409, f"{run_id} is not queued: nothing to cancel", "", ""
+    done_word = "deleted" if outcome is CancelOutcome.REMOVED_FROM_DLQ else "cancelled"
+    return 200, f"{done_word} {run_id}", f"run {run_id}", ""
+
+
+async def _redrive_all(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """``redrive_all``: the env's dead letters (of ``queue`` only, when given)."""
+    queue = _field(form, "queue", required=False)
+    done = await _redrive_dead_letters(rq, env, queue)
+    scope = f"queue {queue}" if queue else "every queue"
+    return 200, f"redriven {done} dead letter(s)", scope, f"{done} run(s)"
+
+
+async def _redrive_dead_letters(rq: RunQueue, env: Environment, queue: str) -> int:
+    """Redrive up to :data:`MAX_REDRIVE_ALL` dead letters (of ``queue`` only, unless it is
+    ''), 500 read at a time; returns how many were redriven."""
+    done, seen = 0, set()
+    while done < MAX_REDRIVE_ALL:
+        batch = [
+            d for d in await rq.dead_letters(env, limit=500)
+            if d.run_id not in seen and (not queue or d.queue == queue)
+        ]  # fmt: skip
+        if not batch:
+            break
+        for d in batch:
+            seen.add(d.run_id)
+            try:
+                await rq.redrive(env, d.run_id)
+                done += 1
+            except RunNotFoundError:
+                pass  # redriven or deleted by someone else meanwhile
+    return done
+
+
+async def _set_limits(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """``limits``: set or remove the ``queue``'s options filled in on the form."""
+    queue = _field(form, "queue")
+    changes, said = _limit_changes(queue, form)
+    if not changes:
+        raise ActionError("nothing to change: fill in at least one field")
+    await rq.configure(env, changes)
+    return 200, f"{queue}: " + ", ".join(said), f"queue {queue}", ", ".join(said)
+
+
+def _limit_changes(queue: str, form: dict[str, list[str]]) -> tuple[list[Change], list[str]]:
+    """The changes the limits form asks of ``queue``, and how each is said in the flash."""
+    changes: list[Change] = []
+    said: list[str] = []
+    for name, kind in (("concurrency", int), ("max_size", int), ("total", int),
+                       ("max_per_key", int)):  # fmt: skip
+        raw = _field(form, name, required=False)
+        if raw:
+            value = _number(raw, name, kind)
+            changes.append(queue_option(queue, name, value))
+            said.append(f"{name} {'removed' if value is None else value}")
+    for name in ("order", "charge"):
+        raw = _field(form, name, required=False).lower()
+        if raw:
+            changes.append(queue_option(queue, name, None if raw in CLEAR_WORDS else raw))
+            said.append(f"{name} {raw}")
+    return changes, said
+
+
+async def _set_key_option(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """``key_weight`` or ``key_cap``: a concurrency key's weight or cap in ``queue``."""
+    queue, key = _field(form, "queue"), _field(form, "key")
+    raw = _field(form, "value")
+    if action == "key_weight":
+        weight = _number(raw, "weight", float)
+        await rq.set_concurrency_key_weight(env, queue, key, weight)
+        detail = f"weight {'1 (reset)' if weight is None else f'{weight:g}'}"
+    else:
+        cap = _number(raw, "cap", int)
+        await rq.set_key_concurrency(env, queue, key, None if cap is None else int(cap))
+        detail = f"cap {'removed' if cap is None else cap}"
+    return 200, f"{queue} key {key}: {detail}", f"queue {queue} key {key}", detail
+
+
+async def _set_tenant_option(
+    rq: RunQueue, env: Environment, action: str, form: dict[str, list[str]]
+) -> _ActionResult:
+    """``tenant_weight`` (env-wide) or ``tenant_cap`` (in ``queue``) of a tenant."""
+    tenant, raw = _field(form, "tenant"), _field(form, "value")
+    if action == "tenant_weight":
+        weight = _number(raw, "weight", float)
+        await rq.set_tenant_weight(env, tenant, weight)
+        detail = f"weight {'1 (reset)' if weight is None else f'{weight:g}'}"
+        return 200, f"tenant {tenant}: {detail}", f"tenant {tenant}", detail
+    queue = _field(form, "queue")
+    cap = _number(raw, "cap", int)
+    await rq.set_tenant_concurrency(env, queue, tenant, None if cap is None else int(cap))
+    detail = f"cap {'removed' if cap is None else cap}"
+    return (
+        200,
+        f"{queue} tenant {tenant}: {detail}",
+        f"queue {queue} tenant {tenant}",
+        detail,
+    )
+
+
+#: The function that does each of :data:`ACTIONS`.
+_ACTION_HANDLERS: Final[dict[str, _ActionHandler]] = {
+    "pause": _pause_or_resume,
+    "resume": _pause_or_resume,
+    "cancel": _cancel_run,
+    "delete": _cancel_run,
+    "redrive": _redrive_run,
+    "redrive_all": _redrive_all,
+    "limits": _set_limits,
+    "key_weight": _set_key_option,
+    "key_cap": _set_key_option,
+    "tenant_weight": _set_tenant_option,
+    "tenant_cap": _set_tenant_option,
+}
+
+
 # ---------------------------------------------------------------------- the app
 
 
@@ -217,10 +392,27 @@ def _env_param(request: Request) -> Environment:
     return Environment.parse(request.path_params["env"])
 
 
+def _accepts_json(request: Request) -> bool:
+    """Whether the client asked for JSON (``Accept: application/json``)."""
+    return request.headers.get("accept", "").startswith("application/json")
+
+
 def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api/") or request.headers.get("accept", "").startswith(
-        "application/json"
-    )
+    return request.url.path.startswith("/api/") or _accepts_json(request)
+
+
+async def _read_form(request: Request) -> tuple[dict[str, list[str]], str]:
+    """A POST's urlencoded form (parsed here so the app needs no python-multipart) and
+    the local path to go back to (its ``next`` field, ``/`` when missing or not local)."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    back = local_path((form.get("next") or ["/"])[0]) or "/"
+    return form, back
+
+
+def _back_with_flash(back: str, flash: str) -> Response:
+    """303 back to the page a form came from, with the message to show there."""
+    sep = "&" if "?" in back else "?"
+    return RedirectResponse(f"{back}{sep}flash={quote(flash)}", status_code=303)
 
 
 class _Dashboard(Starlette):
@@ -229,6 +421,267 @@ class _Dashboard(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         return SecurityHeadersMiddleware(super().build_middleware_stack())
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What the handlers share: the queue, the token, the templates, the server timeout."""
+
+    rq: RunQueue
+    token: str | None
+    templates: Jinja2Templates
+    store_timeout_s: float
+
+    async def within(self, work: Awaitable[T]) -> T:
+        """Await ``work``, for at most ``store_timeout_s`` (then ``TimeoutError``: a 503)."""
+        async with asyncio.timeout(self.store_timeout_s):
+            return await work
+
+    def page(
+        self, name: str, request: Request, context: dict[str, Any], status: int = 200
+    ) -> Response:
+        """The template ``name`` rendered with ``context``."""
+        return self.templates.TemplateResponse(request, name, context, status_code=status)
+
+
+@dataclass(frozen=True)
+class _QueueViews:
+    """The GET handlers of the overview, a queue's page and charts, and ``/metrics``."""
+
+    ctx: _Context
+
+    async def index(self, request: Request) -> Response:
+        """``GET /``: the environments and their queues."""
+        data = (await self.ctx.within(load_overview(self.ctx.rq, backlog=True))).to_json()
+        return self.ctx.page("index.html", request, {"data": data})
+
+    async def api_overview(self, request: Request) -> Response:
+        """``GET /api/overview``: the same, as JSON."""
+        overview = await self.ctx.within(load_overview(self.ctx.rq, backlog=True))
+        return JSONResponse(overview.to_json())
+
+    async def queue_page(self, request: Request) -> Response:
+        """``GET /queues/{env}/{queue}``: one queue, with the env's audit trail."""
+        env, queue = _env_param(request), request.path_params["queue"]
+        data = (await self.ctx.within(load_queue_detail(self.ctx.rq, env, queue))).to_json()
+        flash = request.query_params.get("flash")
+        trail = await self.ctx.within(audit.entries(self.ctx.rq, env))
+        return self.ctx.page("queue.html", request, {"data": data, "flash": flash, "audit": trail})
+
+    async def api_queue(self, request: Request) -> Response:
+        """``GET /api/queues/{env}/{queue}``: one queue, as JSON."""
+        env, queue = _env_param(request), request.path_params["queue"]
+        detail = await self.ctx.within(load_queue_detail(self.ctx.rq, env, queue))
+        return JSONResponse(detail.to_json())
+
+    async def api_charts(self, request: Request) -> Response:
+        """``GET /api/queues/{env}/{queue}/charts``: the queue's last hour per minute."""
+        env, queue = _env_param(request), request.path_params["queue"]
+        return JSONResponse(await self.ctx.within(load_charts(self.ctx.rq, env, queue)))
+
+    async def prometheus(self, request: Request) -> Response:
+        """``GET /metrics``: Prometheus text format."""
+        text = await self.ctx.within(metrics_text(self.ctx.rq))
+        return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+@dataclass(frozen=True)
+class _RunViews:
+    """The GET handlers of runs: search by id, a run's page and its JSON."""
+
+    ctx: _Context
+
+    async def search(self, request: Request) -> Response:
+        """``GET /runs?run=ID[&env=E]``: 303 to the run's page, or the search page (404)."""
+        run_id = request.query_params.get("run", "").strip()
+        raw_env = request.query_params.get("env", "").strip()
+        env = Environment.parse(raw_env) if raw_env else None
+        found = await self.ctx.within(find_run(self.ctx.rq, run_id, env)) if run_id else None
+        if found is not None:
+            return RedirectResponse(run_path(found[0].id, run_id), status_code=303)
+        context = {"run_id": run_id, "env": raw_env, "info": None, "flash": None}
+        return self.ctx.page("run.html", request, context, status=404 if run_id else 200)
+
+    async def run_with_position(self, env: Environment, run_id: str) -> dict[str, Any] | None:
+        """A run's JSON, with where it stands while it is queued (``position``)."""
+        info = await self.ctx.within(self.ctx.rq.get_run(env, run_id))
+        if info is None:
+            return None
+        position = None
+        if info.status is RunStatus.QUEUED:
+            position = await self.ctx.within(self.ctx.rq.run_position(env, run_id))
+        return {**run_to_json(info), "position": position and position.to_json()}
+
+    async def run_page(self, request: Request) -> Response:
+        """``GET /runs/{env}/{run}``: one run (404 when unknown)."""
+        env, run_id = _env_param(request), request.path_params["run_id"]
+        info = await self.run_with_position(env, run_id)
+        context = {
+            "run_id": run_id, "env": env.id, "flash": request.query_params.get("flash"),
+            "info": info,
+        }  # fmt: skip
+        return self.ctx.page("run.html", request, context, status=200 if info else 404)
+
+    async def api_run(self, request: Request) -> Response:
+        """``GET /api/runs/{env}/{run}``: one run, as JSON (404 when unknown)."""
+        env, run_id = _env_param(request), request.path_params["run_id"]
+        info = await self.run_with_position(env, run_id)
+        if info is None:
+            return JSONResponse({"run_id": run_id, "error": "unknown run"}, status_code=404)
+        return JSONResponse(info)
+
+
+@dataclass(frozen=True)
+class _Posts:
+    """The POST handlers: the actions and the dead-letter redrive button, both audited.
+
+    Cross-site posts never get here (CrossSiteMiddleware); with a token, neither do
+    requests without it (TokenMiddleware)."""
+
+    ctx: _Context
+
+    async def action(self, request: Request) -> Response:
+        """``POST /envs/{env}/actions/{action}``: do it, then 303 back (or JSON)."""
+        env, name = _env_param(request), request.path_params["action"]
+        form, back = await _read_form(request)
+        try:
+            status, flash, target, detail = await self.ctx.within(
+                _apply_action(self.ctx.rq, env, name, form)
+            )
+        except (ActionError, InvalidLimitError) as exc:
+            status, flash, target, detail = 400, str(exc), "", ""
+        if status == 200:
+            await self.ctx.within(audit.record(
+                self.ctx.rq, env, who=_who(request, self.ctx.token), action=name,
+                target=target, detail=detail,
+            ))  # fmt: skip
+        if _accepts_json(request):
+            return JSONResponse({"action": name, "ok": status == 200, "message": flash},
+                                status_code=status)  # fmt: skip
+        return _back_with_flash(back, flash)
+
+    async def redrive(self, request: Request) -> Response:
+        """``POST /envs/{env}/dlq/{run}/redrive``: redrive a dead letter, 303 back (or JSON)."""
+        env, run_id = _env_param(request), request.path_params["run_id"]
+        _, back = await _read_form(request)
+        try:
+            await self.ctx.within(self.ctx.rq.redrive(env, run_id))
+            status, flash = 200, f"redriven {run_id}"
+        except RunNotFoundError:
+            status, flash = 404, f"{run_id} is no longer in the dead-letter queue"
+        if status == 200:
+            await self.ctx.within(audit.record(
+                self.ctx.rq, env, who=_who(request, self.ctx.token), action="redrive",
+                target=f"run {run_id}",
+            ))  # fmt: skip
+        if _accepts_json(request):
+            return JSONResponse({"run_id": run_id, "redriven": status == 200}, status_code=status)
+        return _back_with_flash(back, flash)
+
+
+def _unavailable_text(shown_url: str | None) -> str:
+    """What the 503s say: the server (as :func:`display_url` shows it) is not answering."""
+    if shown_url:
+        return f"the fairq server at {shown_url} is not answering; retrying"
+    return "the fairq server is not answering; retrying"
+
+
+@dataclass
+class _Unavailable:
+    """The 503 answer while the server is unreachable: JSON, text for ``/metrics``, or a
+    page that reloads itself; logged at most once per 30 s."""
+
+    ctx: _Context
+    shown_url: str | None
+    text: str
+    retry_after_s: int
+    last_logged: float = 0.0
+
+    async def unavailable(self, request: Request, exc: Exception) -> Response:
+        """The exception handler of :data:`UNAVAILABLE_ERRORS`."""
+        self._log(exc)
+        headers = {"Retry-After": str(self.retry_after_s)}
+        if _wants_json(request):
+            body = {
+                "error": "server_unavailable",
+                "detail": self.text,
+                "server": self.shown_url,
+                "retry_after_s": self.retry_after_s,
+            }
+            return JSONResponse(body, status_code=503, headers=headers)
+        if request.url.path == "/metrics":
+            return PlainTextResponse(f"503: {self.text}", status_code=503, headers=headers)
+        context = {"message": self.text, "retry_after_s": self.retry_after_s}
+        response = self.ctx.page("unavailable.html", request, context, status=503)
+        response.headers.update(headers)
+        return response
+
+    def _log(self, exc: Exception) -> None:
+        """One warning line per 30 s, not one per poll."""
+        now = time.monotonic()
+        if now - self.last_logged >= 30:
+            self.last_logged = now
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            _log.warning("%s (%s)", self.text, reason)
+
+
+async def _fairq_error(request: Request, exc: Exception) -> Response:
+    """A :class:`~fairq.errors.FairqError` (a bad name, a bad limit...): 400 with it."""
+    return PlainTextResponse(f"400: {exc}", status_code=400)
+
+
+def _check_options(store_timeout_s: float, retry_after_s: int, max_body_bytes: int) -> None:
+    """Raise ``ValueError`` for a :func:`create_app` option out of range."""
+    if store_timeout_s <= 0:
+        raise ValueError(f"store_timeout_s must be positive, got {store_timeout_s!r}")
+    if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int) or retry_after_s < 1:
+        raise ValueError(f"retry_after_s must be a whole number >= 1, got {retry_after_s!r}")
+    if max_body_bytes < 0:
+        raise ValueError(f"max_body_bytes must be >= 0, got {max_body_bytes!r}")
+
+
+def _routes(ctx: _Context) -> list[BaseRoute]:
+    """Every route of the dashboard, in matching order (``/charts`` before its queue)."""
+    views, runs, posts = _QueueViews(ctx), _RunViews(ctx), _Posts(ctx)
+    return [
+        Route("/", views.index),
+        Route("/api/overview", views.api_overview),
+        Route("/queues/{env}/{queue:path}", views.queue_page),
+        Route("/api/queues/{env}/{queue:path}/charts", views.api_charts),
+        Route("/api/queues/{env}/{queue:path}", views.api_queue),
+        Route("/runs", runs.search),
+        Route("/runs/{env}/{run_id}", runs.run_page),
+        Route("/api/runs/{env}/{run_id}", runs.api_run),
+        Route("/envs/{env}/dlq/{run_id}/redrive", posts.redrive, methods=["POST"]),
+        Route("/envs/{env}/actions/{action}", posts.action, methods=["POST"]),
+        Route("/metrics", views.prometheus),
+        Mount("/static", StaticFiles(packages=[(_PACKAGE, "static")]), name="static"),
+    ]
+
+
+def _middleware(
+    token: str | None, allowed_hosts: Sequence[str] | None, max_body_bytes: int
+) -> list[Middleware]:
+    """The middleware, outermost first: trusted hosts (loopback names only without a
+    token, unless ``allowed_hosts`` says otherwise), body cap, cross-site refusal, token."""
+    hosts = list(allowed_hosts) if allowed_hosts is not None else None
+    if hosts is None and not token:
+        hosts = list(LOOPBACK_HOSTS)
+    middleware: list[Middleware] = []
+    if hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=hosts))
+    middleware.append(Middleware(BodyLimitMiddleware, max_bytes=max_body_bytes))
+    middleware.append(Middleware(CrossSiteMiddleware))
+    if token:
+        middleware.append(Middleware(TokenMiddleware, token=token))
+    return middleware
+
+
+def _exception_handlers(unavailable: _Unavailable) -> dict[Any, Any]:
+    """400 for a :class:`~fairq.errors.FairqError`, 503 for :data:`UNAVAILABLE_ERRORS`."""
+    handlers: dict[Any, Any] = {FairqError: _fairq_error}
+    handlers.update(dict.fromkeys(UNAVAILABLE_ERRORS, unavailable.unavailable))
+    return handlers
 
 
 def create_app(
@@ -257,279 +710,17 @@ def create_app(
     Returns:
         A Starlette app; serve it with uvicorn (``fairq dashboard`` does).
     """
-    if store_timeout_s <= 0:
-        raise ValueError(f"store_timeout_s must be positive, got {store_timeout_s!r}")
-    if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int) or retry_after_s < 1:
-        raise ValueError(f"retry_after_s must be a whole number >= 1, got {retry_after_s!r}")
-    if max_body_bytes < 0:
-        raise ValueError(f"max_body_bytes must be >= 0, got {max_body_bytes!r}")
-    templates = _templates()
+    _check_options(store_timeout_s, retry_after_s, max_body_bytes)
+    ctx = _Context(rq=rq, token=token, templates=_templates(), store_timeout_s=store_timeout_s)
     shown_url = display_url(server_url) if server_url else None
-    unavailable_text = (
-        f"the fairq server at {shown_url} is not answering; retrying"
-        if shown_url
-        else "the fairq server is not answering; retrying"
+    unavailable = _Unavailable(
+        ctx, shown_url=shown_url, text=_unavailable_text(shown_url), retry_after_s=retry_after_s
     )
-    last_logged = [0.0]
-
-    async def within(work: Awaitable[T]) -> T:
-        async with asyncio.timeout(store_timeout_s):
-            return await work
-
-    def page(name: str, request: Request, context: dict[str, Any], status: int = 200) -> Response:
-        return templates.TemplateResponse(request, name, context, status_code=status)
-
-    async def index(request: Request) -> Response:
-        data = (await within(load_overview(rq, backlog=True))).to_json()
-        return page("index.html", request, {"data": data})
-
-    async def api_overview(request: Request) -> Response:
-        return JSONResponse((await within(load_overview(rq, backlog=True))).to_json())
-
-    async def queue_page(request: Request) -> Response:
-        env, queue = _env_param(request), request.path_params["queue"]
-        data = (await within(load_queue_detail(rq, env, queue))).to_json()
-        flash = request.query_params.get("flash")
-        trail = await within(audit.entries(rq, env))
-        return page("queue.html", request, {"data": data, "flash": flash, "audit": trail})
-
-    async def api_queue(request: Request) -> Response:
-        env, queue = _env_param(request), request.path_params["queue"]
-        return JSONResponse((await within(load_queue_detail(rq, env, queue))).to_json())
-
-    async def api_charts(request: Request) -> Response:
-        env, queue = _env_param(request), request.path_params["queue"]
-        return JSONResponse(await within(load_charts(rq, env, queue)))
-
-    async def search(request: Request) -> Response:
-        run_id = request.query_params.get("run", "").strip()
-        raw_env = request.query_params.get("env", "").strip()
-        env = Environment.parse(raw_env) if raw_env else None
-        found = await within(find_run(rq, run_id, env)) if run_id else None
-        if found is not None:
-            return RedirectResponse(run_path(found[0].id, run_id), status_code=303)
-        context = {"run_id": run_id, "env": raw_env, "info": None, "flash": None}
-        return page("run.html", request, context, status=404 if run_id else 200)
-
-    async def run_with_position(env: Environment, run_id: str) -> dict[str, Any] | None:
-        """A run's JSON, with where it stands while it is queued (``position``)."""
-        info = await within(rq.get_run(env, run_id))
-        if info is None:
-            return None
-        position = None
-        if info.status is RunStatus.QUEUED:
-            position = await within(rq.run_position(env, run_id))
-        return {**run_to_json(info), "position": position and position.to_json()}
-
-    async def run_page(request: Request) -> Response:
-        env, run_id = _env_param(request), request.path_params["run_id"]
-        info = await run_with_position(env, run_id)
-        context = {
-            "run_id": run_id, "env": env.id, "flash": request.query_params.get("flash"),
-            "info": info,
-        }  # fmt: skip
-        return page("run.html", request, context, status=200 if info else 404)
-
-    async def api_run(request: Request) -> Response:
-        env, run_id = _env_param(request), request.path_params["run_id"]
-        info = await run_with_position(env, run_id)
-        if info is None:
-            return JSONResponse({"run_id": run_id, "error": "unknown run"}, status_code=404)
-        return JSONResponse(info)
-
-    async def apply_action(
-        env: Environment, action: str, form: dict[str, list[str]]
-    ) -> tuple[int, str, str, str]:
-        """Do one action; returns (status, flash, audit target, audit detail)."""
-        if action in ("pause", "resume"):
-            queue = _field(form, "queue")
-            await rq.configure(
-                env, [queue_option(queue, "paused", True if action == "pause" else None)]
-            )
-            return 200, f"{queue}: {action}d (its limits are kept)", f"queue {queue}", ""
-        if action in ("cancel", "delete", "redrive"):
-            run_id = _field(form, "run")
-            if action == "redrive":
-                try:
-                    await rq.redrive(env, run_id)
-                except RunNotFoundError:
-                    return 404, f"{run_id} is no longer in the dead-letter queue", "", ""
-                return 200, f"redriven {run_id}", f"run {run_id}", ""
-            # one script call that acts only if the run is still where the page showed
-            # it: a dead letter redriven, or a queued run started, meanwhile is left alone
-            wanted = RunStatus.DEAD_LETTERED if action == "delete" else RunStatus.QUEUED
-            outcome = await rq.cancel(env, run_id, only_if=wanted)
-            if action == "delete" and not outcome.cancelled:
-                return 404, f"{run_id} is not in the dead-letter queue", "", ""
-            if not outcome.cancelled:
-                return 409, f"{run_id} is not queued: nothing to cancel", "", ""
-            done_word = "deleted" if outcome is CancelOutcome.REMOVED_FROM_DLQ else "cancelled"
-            return 200, f"{done_word} {run_id}", f"run {run_id}", ""
-        if action == "redrive_all":
-            queue = _field(form, "queue", required=False)
-            done, seen = 0, set()
-            while done < MAX_REDRIVE_ALL:
-                batch = [
-                    d for d in await rq.dead_letters(env, limit=500)
-                    if d.run_id not in seen and (not queue or d.queue == queue)
-                ]  # fmt: skip
-                if not batch:
-                    break
-                for d in batch:
-                    seen.add(d.run_id)
-                    try:
-                        await rq.redrive(env, d.run_id)
-                        done += 1
-                    except RunNotFoundError:
-                        pass  # redriven or deleted by someone else meanwhile
-            scope = f"queue {queue}" if queue else "every queue"
-            return 200, f"redriven {done} dead letter(s)", scope, f"{done} run(s)"
-        if action == "limits":
-            queue = _field(form, "queue")
-            changes: list[Change] = []
-            said: list[str] = []
-            for name, kind in (("concurrency", int), ("max_size", int), ("total", int),
-                               ("max_per_key", int)):  # fmt: skip
-                raw = _field(form, name, required=False)
-                if raw:
-                    value = _number(raw, name, kind)
-                    changes.append(queue_option(queue, name, value))
-                    said.append(f"{name} {'removed' if value is None else value}")
-            for name in ("order", "charge"):
-                raw = _field(form, name, required=False).lower()
-                if raw:
-                    changes.append(queue_option(queue, name, None if raw in CLEAR_WORDS else raw))
-                    said.append(f"{name} {raw}")
-            if not changes:
-                raise ActionError("nothing to change: fill in at least one field")
-            await rq.configure(env, changes)
-            return 200, f"{queue}: " + ", ".join(said), f"queue {queue}", ", ".join(said)
-        if action in ("key_weight", "key_cap"):
-            queue, key = _field(form, "queue"), _field(form, "key")
-            raw = _field(form, "value")
-            if action == "key_weight":
-                weight = _number(raw, "weight", float)
-                await rq.set_concurrency_key_weight(env, queue, key, weight)
-                detail = f"weight {'1 (reset)' if weight is None else f'{weight:g}'}"
-            else:
-                cap = _number(raw, "cap", int)
-                await rq.set_key_concurrency(env, queue, key, None if cap is None else int(cap))
-                detail = f"cap {'removed' if cap is None else cap}"
-            return 200, f"{queue} key {key}: {detail}", f"queue {queue} key {key}", detail
-        if action in ("tenant_weight", "tenant_cap"):
-            tenant, raw = _field(form, "tenant"), _field(form, "value")
-            if action == "tenant_weight":
-                weight = _number(raw, "weight", float)
-                await rq.set_tenant_weight(env, tenant, weight)
-                detail = f"weight {'1 (reset)' if weight is None else f'{weight:g}'}"
-                return 200, f"tenant {tenant}: {detail}", f"tenant {tenant}", detail
-            queue = _field(form, "queue")
-            cap = _number(raw, "cap", int)
-            await rq.set_tenant_concurrency(env, queue, tenant, None if cap is None else int(cap))
-            detail = f"cap {'removed' if cap is None else cap}"
-            return (
-                200,
-                f"{queue} tenant {tenant}: {detail}",
-                f"queue {queue} tenant {tenant}",
-                detail,
-            )
-        raise ActionError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
-
-    async def action(request: Request) -> Response:
-        # Cross-site posts never get here (CrossSiteMiddleware); with a token, neither do
-        # requests without it (TokenMiddleware).
-        env, name = _env_param(request), request.path_params["action"]
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        back = local_path((form.get("next") or ["/"])[0]) or "/"
-        try:
-            status, flash, target, detail = await within(apply_action(env, name, form))
-        except (ActionError, InvalidLimitError) as exc:
-            status, flash, target, detail = 400, str(exc), "", ""
-        if status == 200:
-            await within(audit.record(
-                rq, env, who=_who(request, token), action=name, target=target, detail=detail
-            ))  # fmt: skip
-        if request.headers.get("accept", "").startswith("application/json"):
-            return JSONResponse({"action": name, "ok": status == 200, "message": flash},
-                                status_code=status)  # fmt: skip
-        sep = "&" if "?" in back else "?"
-        return RedirectResponse(f"{back}{sep}flash={quote(flash)}", status_code=303)
-
-    async def redrive(request: Request) -> Response:
-        # Cross-site posts never get here (CrossSiteMiddleware).
-        env, run_id = _env_param(request), request.path_params["run_id"]
-        # A plain urlencoded form; parsed here so the app needs no python-multipart.
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        back = local_path((form.get("next") or ["/"])[0]) or "/"
-        try:
-            await within(rq.redrive(env, run_id))
-            status, flash = 200, f"redriven {run_id}"
-        except RunNotFoundError:
-            status, flash = 404, f"{run_id} is no longer in the dead-letter queue"
-        if status == 200:
-            await within(audit.record(
-                rq, env, who=_who(request, token), action="redrive", target=f"run {run_id}"
-            ))  # fmt: skip
-        if request.headers.get("accept", "").startswith("application/json"):
-            return JSONResponse({"run_id": run_id, "redriven": status == 200}, status_code=status)
-        sep = "&" if "?" in back else "?"
-        return RedirectResponse(f"{back}{sep}flash={quote(flash)}", status_code=303)
-
-    async def prometheus(request: Request) -> Response:
-        return Response(await within(metrics_text(rq)), media_type=PROMETHEUS_CONTENT_TYPE)
-
-    async def fairq_error(request: Request, exc: Exception) -> Response:
-        return PlainTextResponse(f"400: {exc}", status_code=400)
-
-    async def unavailable(request: Request, exc: Exception) -> Response:
-        now = time.monotonic()
-        if now - last_logged[0] >= 30:  # one line per 30 s, not one per poll
-            last_logged[0] = now
-            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            _log.warning("%s (%s)", unavailable_text, reason)
-        headers = {"Retry-After": str(retry_after_s)}
-        if _wants_json(request):
-            body = {
-                "error": "server_unavailable",
-                "detail": unavailable_text,
-                "server": shown_url,
-                "retry_after_s": retry_after_s,
-            }
-            return JSONResponse(body, status_code=503, headers=headers)
-        if request.url.path == "/metrics":
-            return PlainTextResponse(f"503: {unavailable_text}", status_code=503, headers=headers)
-        context = {"message": unavailable_text, "retry_after_s": retry_after_s}
-        response = page("unavailable.html", request, context, status=503)
-        response.headers.update(headers)
-        return response
-
-    routes = [
-        Route("/", index),
-        Route("/api/overview", api_overview),
-        Route("/queues/{env}/{queue:path}", queue_page),
-        Route("/api/queues/{env}/{queue:path}/charts", api_charts),
-        Route("/api/queues/{env}/{queue:path}", api_queue),
-        Route("/runs", search),
-        Route("/runs/{env}/{run_id}", run_page),
-        Route("/api/runs/{env}/{run_id}", api_run),
-        Route("/envs/{env}/dlq/{run_id}/redrive", redrive, methods=["POST"]),
-        Route("/envs/{env}/actions/{action}", action, methods=["POST"]),
-        Route("/metrics", prometheus),
-        Mount("/static", StaticFiles(packages=[(_PACKAGE, "static")]), name="static"),
-    ]
-    hosts = list(allowed_hosts) if allowed_hosts is not None else None
-    if hosts is None and not token:
-        hosts = list(LOOPBACK_HOSTS)
-    middleware: list[Middleware] = []
-    if hosts is not None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=hosts))
-    middleware.append(Middleware(BodyLimitMiddleware, max_bytes=max_body_bytes))
-    middleware.append(Middleware(CrossSiteMiddleware))
-    if token:
-        middleware.append(Middleware(TokenMiddleware, token=token))
-    handlers: dict[Any, Any] = {FairqError: fairq_error}
-    handlers.update(dict.fromkeys(UNAVAILABLE_ERRORS, unavailable))
-    return _Dashboard(routes=routes, middleware=middleware, exception_handlers=handlers)
+    return _Dashboard(
+        routes=_routes(ctx),
+        middleware=_middleware(token, allowed_hosts, max_body_bytes),
+        exception_handlers=_exception_handlers(unavailable),
+    )
 
 
 def create_server(
