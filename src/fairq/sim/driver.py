@@ -190,6 +190,67 @@ async def command_calls(rq: RunQueue) -> int:
     return sum(n for name, n in stats.items() if name.split("|", 1)[0] not in _UNCOUNTED)
 
 
+def _store_config(scenario: Scenario, discipline: Discipline, prefix: str) -> RunQueueConfig:
+    """The store's configuration for one run: the scenario's shards, environment limit
+    and the simulator's lease, and the discipline's fair-order options (``quantum``,
+    ``window``, ``join``, ``arrival_cap``, ``admit``, ``max_per_key_per_call``); every
+    option the discipline does not set keeps the store's default."""
+    fair = discipline.name == "sfq"
+    opts = discipline.options
+    per_key = opts.get("max_per_key_per_call")
+    default = VirtualTimeOptions()
+    vtime = VirtualTimeOptions(
+        enabled=fair,
+        quantum=float(opts.get("quantum", default.quantum)) if fair else 1.0,  # type: ignore[arg-type]
+        scan_window_multiplier=int(opts.get("window", default.scan_window_multiplier)),  # type: ignore[call-overload]
+        join_policy=str(opts.get("join", default.join_policy)),  # type: ignore[arg-type]
+        arrival_cap=float(opts.get("arrival_cap", default.arrival_cap)),  # type: ignore[arg-type]
+        admission=str(opts.get("admit", default.admission)) if fair else "floor",  # type: ignore[arg-type]
+        charge_unit_ms=STEP_MS,
+    )
+    return RunQueueConfig(
+        prefix=prefix,
+        shard_count=scenario.shards,
+        default_env_concurrency=scenario.env_concurrency,
+        lease_ms=SIM_LEASE_MS,
+        # the store's default unless the discipline sets it: age 1, fair the whole call
+        max_per_key_per_call=per_key if isinstance(per_key, int) else None,
+        vtime=vtime,
+    )
+
+
+@dataclass
+class _RunState:
+    """What the step loop of :meth:`Simulation.run` carries from one step to the next:
+    the arrivals by step (and which is next), the deliveries awaiting their ack
+    (a heap of ``(release step, sequence, delivery)``) and the runs still queued."""
+
+    arrivals: dict[int, list[SimMessage]]
+    arrival_steps: list[int]
+    next_arrival: int = 0
+    releases: list[tuple[int, int, Delivery]] = field(default_factory=list)
+    seq: int = 0
+    queued: int = 0
+
+    @classmethod
+    def of(cls, messages: Sequence[SimMessage]) -> _RunState:
+        """The state before the first step: every message pending arrival."""
+        arrivals: dict[int, list[SimMessage]] = {}
+        for m in messages:
+            arrivals.setdefault(m.arrival_step, []).append(m)
+        return cls(arrivals, sorted(arrivals))
+
+    @property
+    def more_arrivals(self) -> bool:
+        """Whether some arrival step is still ahead."""
+        return self.next_arrival < len(self.arrival_steps)
+
+    @property
+    def done(self) -> bool:
+        """Whether everything has arrived, been served and been acked."""
+        return not self.more_arrivals and self.queued == 0 and not self.releases
+
+
 class Simulation:
     """One run of a scenario under a discipline and a seed on a fresh key prefix.
 
@@ -215,28 +276,7 @@ class Simulation:
         self.fair = discipline.name == "sfq"
         self.charge = discipline.charge(scenario.charge) if self.fair else "count"
         self.borrow = discipline.borrow(scenario.borrow)
-        opts = discipline.options
-        per_key = opts.get("max_per_key_per_call")
-        # every option the discipline does not set keeps the store's default
-        default = VirtualTimeOptions()
-        vtime = VirtualTimeOptions(
-            enabled=self.fair,
-            quantum=float(opts.get("quantum", default.quantum)) if self.fair else 1.0,  # type: ignore[arg-type]
-            scan_window_multiplier=int(opts.get("window", default.scan_window_multiplier)),  # type: ignore[call-overload]
-            join_policy=str(opts.get("join", default.join_policy)),  # type: ignore[arg-type]
-            arrival_cap=float(opts.get("arrival_cap", default.arrival_cap)),  # type: ignore[arg-type]
-            admission=str(opts.get("admit", default.admission)) if self.fair else "floor",  # type: ignore[arg-type]
-            charge_unit_ms=STEP_MS,
-        )
-        config = RunQueueConfig(
-            prefix=prefix,
-            shard_count=scenario.shards,
-            default_env_concurrency=scenario.env_concurrency,
-            lease_ms=SIM_LEASE_MS,
-            # the store's default unless the discipline sets it: age 1, fair the whole call
-            max_per_key_per_call=per_key if isinstance(per_key, int) else None,
-            vtime=vtime,
-        )
+        config = _store_config(scenario, discipline, prefix)
         self.rq = RunQueue(client, config, rng=random.Random(f"select/{scenario.name}/{seed}"))
         self.workload = generate(scenario, seed)
         self.trace = Trace(self.workload, group_levels(scenario, discipline))
@@ -370,97 +410,120 @@ class Simulation:
         """Run to completion (or ``steps_limit``) and return the trace."""
         await self.setup()
         before = await command_calls(self.rq)
-        arrivals: dict[int, list[SimMessage]] = {}
-        for m in self.workload.messages:
-            arrivals.setdefault(m.arrival_step, []).append(m)
-        arrival_steps = sorted(arrivals)
-        next_arrival = 0
-        releases: list[tuple[int, int, Delivery]] = []
-        seq = 0
-        queued = 0
-        step = arrival_steps[0] if arrival_steps else 0
+        state = _RunState.of(self.workload.messages)
+        step = state.arrival_steps[0] if state.arrival_steps else 0
         limit = self.scenario.steps_limit
-        rate_limited = bool(self.workload.key_rate)
         while step <= limit:
             now = now_of(step)
             self.refused.clear()
-            due: list[Delivery] = []
-            while releases and releases[0][0] <= step:
-                due.append(heapq.heappop(releases)[2])
-            if due:
-                await self.rq.ack(due, now_ms=now)
-                for d in due:
-                    self._released(self.by_id[d.run_id])
-            if next_arrival < len(arrival_steps) and arrival_steps[next_arrival] == step:
-                batch = arrivals[step]
-                next_arrival += 1
-                grain_ck = self.scenario.grain == "ck"
-                await self.rq.enqueue_many(
-                    [
-                        EnqueueRequest(
-                            m.env,
-                            m.queue,
-                            m.run_id,
-                            None,
-                            m.key if grain_ck else None,
-                            available_at_ms=m.score_ms,
-                            tenant=self._named_tenant(m),
-                            priority=self.level_of[m.group],
-                        )
-                        for m in batch
-                    ],
-                    now_ms=now,
-                )
-                for m in sorted(batch, key=lambda m: (m.score_ms, m.run_id)):
-                    self.waiting[self._slot(m.key, m.queue)].append(m)
-                queued += len(batch)
+            await self._ack_due(state, step, now)
+            await self._enqueue_arrivals(state, step, now)
             served = 0
             wait_ms: int | None = None
-            if queued:
-                delivered, wait_ms = await self.dequeue(step, now)
-                sojourns: list[int] = []
-                for d in delivered:
-                    m = self.by_id[d.run_id]
-                    self.trace.deliveries += 1
-                    if d.run_id in self.trace.serve_step:
-                        self.trace.duplicates += 1
-                    else:
-                        self.trace.serve_step[d.run_id] = step
-                        self.trace.release_step[d.run_id] = step + m.hold
-                        self.trace.served_from[d.run_id] = (d.env.id, d.queue)
-                        queued -= 1
-                        served += 1
-                        sojourns.append(step - m.arrival_step)
-                    seq += 1
-                    heapq.heappush(releases, (step + m.hold, seq, d))
-                if self.codel is not None:
-                    self.codel.observe(step, sojourns)
-                if served:
-                    self.trace.last_step = step
-            done = next_arrival >= len(arrival_steps) and queued == 0 and not releases
-            if done:
+            if state.queued:
+                served, wait_ms = await self._serve_step(state, step, now)
+            if state.done:
                 break
-            if served and queued:
+            if served and state.queued:
                 step += 1
                 continue
-            candidates = []
-            if next_arrival < len(arrival_steps):
-                candidates.append(arrival_steps[next_arrival])
-            if releases:
-                candidates.append(releases[0][0])
-            if queued and wait_ms is not None:
-                # something held back (a delayed head, a rate limit's next token) is due
-                candidates.append(step + max(1, math.ceil(wait_ms / STEP_MS)))
-            elif queued and rate_limited and self._rate_limited_waiting():
-                # a rate-limited key with work gets its next token within 1/rate steps
-                candidates.append(step + 1)
-            if not candidates:
+            next_step = self._next_step(state, step, wait_ms)
+            if next_step is None:
                 break  # queued work that nothing can ever serve: reported as lost
-            step = max(step + 1, min(candidates))
+            step = next_step
         else:
             self.trace.truncated = True
         self.trace.commands = await command_calls(self.rq) - before
         return self.trace
+
+    async def _ack_due(self, state: _RunState, step: int, now: int) -> None:
+        """Ack every delivery whose hold has ended by ``step`` (one call) and free its
+        slots."""
+        due: list[Delivery] = []
+        while state.releases and state.releases[0][0] <= step:
+            due.append(heapq.heappop(state.releases)[2])
+        if due:
+            await self.rq.ack(due, now_ms=now)
+            for d in due:
+                self._released(self.by_id[d.run_id])
+
+    async def _enqueue_arrivals(self, state: _RunState, step: int, now: int) -> None:
+        """Enqueue the messages arriving at ``step`` (one call), each with its key (grain
+        ``ck``), timestamp, named tenant and level, and put them on the driver's waiting
+        lists in timestamp order."""
+        if not (state.more_arrivals and state.arrival_steps[state.next_arrival] == step):
+            return
+        batch = state.arrivals[step]
+        state.next_arrival += 1
+        grain_ck = self.scenario.grain == "ck"
+        await self.rq.enqueue_many(
+            [
+                EnqueueRequest(
+                    m.env,
+                    m.queue,
+                    m.run_id,
+                    None,
+                    m.key if grain_ck else None,
+                    available_at_ms=m.score_ms,
+                    tenant=self._named_tenant(m),
+                    priority=self.level_of[m.group],
+                )
+                for m in batch
+            ],
+            now_ms=now,
+        )
+        for m in sorted(batch, key=lambda m: (m.score_ms, m.run_id)):
+            self.waiting[self._slot(m.key, m.queue)].append(m)
+        state.queued += len(batch)
+
+    async def _serve_step(self, state: _RunState, step: int, now: int) -> tuple[int, int | None]:
+        """This step's dequeue, recorded: how many messages were served for the first
+        time, and the store's hint of how long until something held back is ready."""
+        delivered, wait_ms = await self.dequeue(step, now)
+        sojourns = self._record(state, step, delivered)
+        if self.codel is not None:
+            self.codel.observe(step, sojourns)
+        if sojourns:
+            self.trace.last_step = step
+        return len(sojourns), wait_ms
+
+    def _record(self, state: _RunState, step: int, delivered: list[Delivery]) -> list[int]:
+        """Record each delivery in the trace (a message's first as its serve, any later
+        one as a duplicate) and schedule its ack; the sojourns (steps waited) of the
+        first serves."""
+        sojourns: list[int] = []
+        for d in delivered:
+            m = self.by_id[d.run_id]
+            self.trace.deliveries += 1
+            if d.run_id in self.trace.serve_step:
+                self.trace.duplicates += 1
+            else:
+                self.trace.serve_step[d.run_id] = step
+                self.trace.release_step[d.run_id] = step + m.hold
+                self.trace.served_from[d.run_id] = (d.env.id, d.queue)
+                state.queued -= 1
+                sojourns.append(step - m.arrival_step)
+            state.seq += 1
+            heapq.heappush(state.releases, (step + m.hold, state.seq, d))
+        return sojourns
+
+    def _next_step(self, state: _RunState, step: int, wait_ms: int | None) -> int | None:
+        """The next step on which something can change (an arrival, an ack, a held-back
+        run or a rate limit's token coming due), or None when nothing ever will."""
+        candidates = []
+        if state.more_arrivals:
+            candidates.append(state.arrival_steps[state.next_arrival])
+        if state.releases:
+            candidates.append(state.releases[0][0])
+        if state.queued and wait_ms is not None:
+            # something held back (a delayed head, a rate limit's next token) is due
+            candidates.append(step + max(1, math.ceil(wait_ms / STEP_MS)))
+        elif state.queued and self.workload.key_rate and self._rate_limited_waiting():
+            # a rate-limited key with work gets its next token within 1/rate steps
+            candidates.append(step + 1)
+        if not candidates:
+            return None
+        return max(step + 1, min(candidates))
 
     def _rate_limited_waiting(self) -> bool:
         w = self.workload

@@ -132,10 +132,29 @@ def slot_steps(
     running sum of ``O(t) / sum of W(t)`` over the contended steps, so a member that
     contends from ``a`` to ``b`` is entitled to ``weight x (level(b) - level(a))``.
     """
-    w = trace.workload
+    contend, hold = _slot_changes(trace, member, unit)
+    sweep = _SlotSweep(unit, weight)
+    times = sorted(set(contend) | set(hold))
+    for i, t in enumerate(times):
+        for u, change in hold.get(t, Counter()).items():
+            if change:
+                sweep.hold(u, change)
+        for who, change in contend.get(t, Counter()).items():
+            sweep.contend(who, change)
+        if sweep.units >= 2 and i + 1 < len(times):
+            sweep.advance(times[i + 1] - t)
+    return sweep.totals()
+
+
+def _slot_changes(
+    trace: Trace, member: Mapping[str, str], unit: Mapping[str, str]
+) -> tuple[dict[int, Counter[str]], dict[int, Counter[str]]]:
+    """Per step: the change in each member's contending messages (+1 at arrival, -1 the
+    step after its serve) and in each unit's slots held (+1 at a serve, -1 at its
+    release, for a serve that holds a slot at all)."""
     contend: dict[int, Counter[str]] = defaultdict(Counter)  # member -> change in messages
     hold: dict[int, Counter[str]] = defaultdict(Counter)  # unit -> change in slots held
-    for m in w.messages:
+    for m in trace.workload.messages:
         who = member[m.key]
         contend[m.arrival_step][who] += 1
         served = trace.serve_step.get(m.run_id)
@@ -146,55 +165,75 @@ def slot_steps(
         if released > served:
             hold[served][unit[who]] += 1
             hold[released][unit[who]] -= 1
-    messages: Counter[str] = Counter()  # member -> contending messages
-    members_of: Counter[str] = Counter()  # unit -> contending members
-    weights: Counter[float] = Counter()  # weight -> contending members of that weight
-    units = 0  # units contending
-    held: Counter[str] = Counter()  # unit -> slots held
-    held_total = 0
-    level = 0.0
-    contended = 0  # contended steps so far
-    level_at: dict[str, float] = {}
-    contended_at: dict[str, int] = {}
-    got: dict[str, float] = defaultdict(float)
-    owed: dict[str, float] = defaultdict(float)
-    times = sorted(set(contend) | set(hold))
-    for i, t in enumerate(times):
-        for u, change in hold.get(t, Counter()).items():
-            if change:
-                got[u] += held[u] * (contended - contended_at.get(u, 0))
-                contended_at[u] = contended
-                held[u] += change
-                held_total += change
-        for who, change in contend.get(t, Counter()).items():
-            before = messages[who] > 0
-            messages[who] += change
-            after = messages[who] > 0
-            if before == after:
-                continue
-            u = unit[who]
-            if after:
-                level_at[who] = level
-                weights[weight[who]] += 1
-                members_of[u] += 1
-                if members_of[u] == 1:
-                    units += 1
-            else:
-                owed[u] += weight[who] * (level - level_at.pop(who))
-                weights[weight[who]] -= 1
-                members_of[u] -= 1
-                if members_of[u] == 0:
-                    units -= 1
-        if units >= 2 and i + 1 < len(times):
-            steps = times[i + 1] - t
-            contended += steps
-            weight_sum = sum(x * n for x, n in sorted(weights.items()))
-            level += held_total * steps / weight_sum
-    for who, start in level_at.items():  # still contending (never served)
-        owed[unit[who]] += weight[who] * (level - start)
-    for u, n in held.items():
-        got[u] += n * (contended - contended_at.get(u, 0))
-    return dict(got), dict(owed)
+    return contend, hold
+
+
+class _SlotSweep:
+    """The running state of :func:`slot_steps`' sweep: who contends, the slots held, the
+    entitlement ``level`` and, per unit, the slot-steps occupied (``got``) and entitled
+    (``owed``) so far. A unit's occupancy is settled lazily: ``held x`` the contended
+    steps since its holding last changed."""
+
+    def __init__(self, unit: Mapping[str, str], weight: Mapping[str, float]) -> None:
+        self.unit = unit
+        self.weight = weight
+        self.messages: Counter[str] = Counter()  # member -> contending messages
+        self.members_of: Counter[str] = Counter()  # unit -> contending members
+        self.weights: Counter[float] = Counter()  # weight -> contending members of that weight
+        self.units = 0  # units contending
+        self.held: Counter[str] = Counter()  # unit -> slots held
+        self.held_total = 0
+        self.level = 0.0
+        self.contended = 0  # contended steps so far
+        self.level_at: dict[str, float] = {}
+        self.contended_at: dict[str, int] = {}
+        self.got: dict[str, float] = defaultdict(float)
+        self.owed: dict[str, float] = defaultdict(float)
+
+    def hold(self, u: str, change: int) -> None:
+        """Unit ``u`` holds ``change`` more slots (after settling what it held)."""
+        self.got[u] += self.held[u] * (self.contended - self.contended_at.get(u, 0))
+        self.contended_at[u] = self.contended
+        self.held[u] += change
+        self.held_total += change
+
+    def contend(self, who: str, change: int) -> None:
+        """Member ``who`` has ``change`` more contending messages: when that starts or
+        ends its contention, it joins (from the current level) or leaves (owed the
+        level gained since it joined, at its weight)."""
+        before = self.messages[who] > 0
+        self.messages[who] += change
+        after = self.messages[who] > 0
+        if before == after:
+            return
+        u = self.unit[who]
+        if after:
+            self.level_at[who] = self.level
+            self.weights[self.weight[who]] += 1
+            self.members_of[u] += 1
+            if self.members_of[u] == 1:
+                self.units += 1
+        else:
+            self.owed[u] += self.weight[who] * (self.level - self.level_at.pop(who))
+            self.weights[self.weight[who]] -= 1
+            self.members_of[u] -= 1
+            if self.members_of[u] == 0:
+                self.units -= 1
+
+    def advance(self, steps: int) -> None:
+        """``steps`` contended steps pass with what is held and who contends now."""
+        self.contended += steps
+        weight_sum = sum(x * n for x, n in sorted(self.weights.items()))
+        self.level += self.held_total * steps / weight_sum
+
+    def totals(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Per unit: (occupied, entitled), settling the members still contending (never
+        served) and the slots still held."""
+        for who, start in self.level_at.items():
+            self.owed[self.unit[who]] += self.weight[who] * (self.level - start)
+        for u, n in self.held.items():
+            self.got[u] += n * (self.contended - self.contended_at.get(u, 0))
+        return dict(self.got), dict(self.owed)
 
 
 def _share(got: float, owed: float) -> float | None:

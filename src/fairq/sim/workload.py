@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 
 from fairq.keys import Environment
-from fairq.sim.scenario import Hold, Rate, Scenario
+from fairq.sim.scenario import Group, Hold, Rate, Scenario
 
 #: Logical epoch of step 0 (ms).
 BASE_MS = 1_700_000_000_000
@@ -121,86 +121,109 @@ def generate(scenario: Scenario, seed: int) -> Workload:
     fields generates what it always did.
     """
     rng = random.Random(f"{scenario.name}/{seed}")
-    messages: list[SimMessage] = []
-    keys: list[str] = []
-    key_group: dict[str, str] = {}
-    key_weight: dict[str, float] = {}
-    key_queues: dict[str, list[str]] = {}
-    key_tenant: dict[str, str] = {}
-    key_env: dict[str, Environment] = {}
-    tenant_weight: dict[str, float] = {}
-    key_cap: dict[str, int] = {}
-    tenant_cap: dict[str, int] = {}
-    key_rate: dict[str, Rate] = {}
+    w = Workload(
+        messages=[],
+        keys=[],
+        key_group={},
+        key_weight={},
+        key_queues={},
+        key_tenant={},
+        key_env={},
+        tenant_weight={},
+    )
     for g in scenario.groups:
         hold = g.hold or scenario.hold
-        a = g.arrival
         weight_of_tenant = scenario.tenant_weight_of(g)
         cap_of_tenant = scenario.tenant_cap_of(g)
         for i in range(g.keys):
             key = g.key_name(i)
-            keys.append(key)
-            key_group[key] = g.name
-            key_weight[key] = g.weight
-            env = sim_env(i % g.envs)
-            key_env[key] = env
-            if scenario.grain == "ck":
-                index = g.queue if g.queue is not None else (i // g.envs) % g.queues
-                queues = [ck_queue(index)]
-            elif g.queues_per_key == 1:
-                queues = [key]
+            _place_key(w, scenario, g, i, key, weight_of_tenant, cap_of_tenant)
+            w.messages += _key_messages(w, g, i, key, hold, rng)
+    return w
+
+
+def _key_queues(scenario: Scenario, g: Group, i: int, key: str) -> list[str]:
+    """The base queues of the group's key ``i``: at grain ``ck`` its one shared queue
+    (the group's ``queue``, else spread over ``queues``), at grain ``queue`` the key's
+    own (``queues_per_key`` of them)."""
+    if scenario.grain == "ck":
+        index = g.queue if g.queue is not None else (i // g.envs) % g.queues
+        return [ck_queue(index)]
+    if g.queues_per_key == 1:
+        return [key]
+    return [f"{key}.q{j}" for j in range(g.queues_per_key)]
+
+
+def _place_key(
+    w: Workload,
+    scenario: Scenario,
+    g: Group,
+    i: int,
+    key: str,
+    weight_of_tenant: float,
+    cap_of_tenant: int | None,
+) -> None:
+    """Record the group's key ``i`` in ``w``: its group, weight, environment, queues,
+    tenant (whose weight and cap its first key sets) and its own limits. Draws nothing
+    from the seeded generator."""
+    w.keys.append(key)
+    w.key_group[key] = g.name
+    w.key_weight[key] = g.weight
+    w.key_env[key] = sim_env(i % g.envs)
+    w.key_queues[key] = _key_queues(scenario, g, i, key)
+    tenant = g.tenant if g.tenant is not None else key
+    w.key_tenant[key] = tenant
+    w.tenant_weight.setdefault(tenant, weight_of_tenant)
+    if cap_of_tenant is not None:
+        w.tenant_cap.setdefault(tenant, cap_of_tenant)
+    if g.key_cap is not None:
+        w.key_cap[key] = g.key_cap
+    if g.rate is not None:
+        w.key_rate[key] = g.rate
+
+
+def _key_messages(
+    w: Workload, g: Group, i: int, key: str, hold: Hold, rng: random.Random
+) -> list[SimMessage]:
+    """The messages of the group's key ``i`` (already placed in ``w``): arrival steps and
+    timestamps by the group's arrival shape, queues round-robin, each with its hold.
+
+    The draws from ``rng``, in order: the key's shared sub-step offset, then per message
+    its arrival gap (poisson), its own offset (interval, poisson) and its hold.
+    """
+    a = g.arrival
+    queues = w.key_queues[key]
+    tenant = w.key_tenant[key]
+    env = w.key_env[key]
+    offset = a.stagger * i
+    shared_step = math.floor(a.start + offset)
+    shared_score = now_of(shared_step) - rng.randrange(STEP_MS)
+    t = a.start + offset
+    out: list[SimMessage] = []
+    for j in range(g.messages_per_key):
+        if a.kind == "backlog":
+            step = math.floor(offset)
+            score = now_of(0) - BACKLOG_AGE_MS if step == 0 else shared_score
+        elif a.kind == "burst":
+            step, score = shared_step, shared_score
+        else:
+            if a.kind == "interval":
+                step = math.floor(a.start + offset) + j * a.every
             else:
-                queues = [f"{key}.q{j}" for j in range(g.queues_per_key)]
-            key_queues[key] = queues
-            tenant = g.tenant if g.tenant is not None else key
-            key_tenant[key] = tenant
-            tenant_weight.setdefault(tenant, weight_of_tenant)
-            if cap_of_tenant is not None:
-                tenant_cap.setdefault(tenant, cap_of_tenant)
-            if g.key_cap is not None:
-                key_cap[key] = g.key_cap
-            if g.rate is not None:
-                key_rate[key] = g.rate
-            offset = a.stagger * i
-            shared_step = math.floor(a.start + offset)
-            shared_score = now_of(shared_step) - rng.randrange(STEP_MS)
-            t = a.start + offset
-            for j in range(g.messages_per_key):
-                if a.kind == "backlog":
-                    step = math.floor(offset)
-                    score = now_of(0) - BACKLOG_AGE_MS if step == 0 else shared_score
-                elif a.kind == "burst":
-                    step, score = shared_step, shared_score
-                else:
-                    if a.kind == "interval":
-                        step = math.floor(a.start + offset) + j * a.every
-                    else:
-                        t += rng.expovariate(a.rate)
-                        step = math.floor(t)
-                    score = now_of(step) - rng.randrange(STEP_MS)
-                messages.append(
-                    SimMessage(
-                        run_id=f"{key}.{j}",
-                        key=key,
-                        group=g.name,
-                        queue=queues[j % len(queues)],
-                        arrival_step=step,
-                        score_ms=score,
-                        hold=_hold(hold, rng),
-                        tenant=tenant,
-                        env=env,
-                    )
-                )
-    return Workload(
-        messages=messages,
-        keys=keys,
-        key_group=key_group,
-        key_weight=key_weight,
-        key_queues=key_queues,
-        key_tenant=key_tenant,
-        key_env=key_env,
-        tenant_weight=tenant_weight,
-        key_cap=key_cap,
-        tenant_cap=tenant_cap,
-        key_rate=key_rate,
-    )
+                t += rng.expovariate(a.rate)
+                step = math.floor(t)
+            score = now_of(step) - rng.randrange(STEP_MS)
+        out.append(
+            SimMessage(
+                run_id=f"{key}.{j}",
+                key=key,
+                group=g.name,
+                queue=queues[j % len(queues)],
+                arrival_step=step,
+                score_ms=score,
+                hold=_hold(hold, rng),
+                tenant=tenant,
+                env=env,
+            )
+        )
+    return out
