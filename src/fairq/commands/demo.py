@@ -46,7 +46,7 @@ from fairq.errors import FairqError
 from fairq.keys import Environment
 from fairq.server import EmbeddedServer, connect
 from fairq.store import RunQueue, wall_clock_ms
-from fairq.tasks import TriggerItem
+from fairq.tasks import Task, TriggerItem
 from fairq.worker import Worker
 
 #: The heavy tenant's name.
@@ -124,11 +124,67 @@ async def run_pass(
         enabled=fair
     )
     app = Fairq(env, url=url, config=config)
-    result = PassResult(order)
-    total = workload.heavy_runs + workload.light_tenants * workload.light_runs
-    finished = 0
-    all_done = asyncio.Event()
-    label = "fair order" if fair else "age order "
+    tally = _Tally(
+        PassResult(order),
+        total=workload.heavy_runs + workload.light_tenants * workload.light_runs,
+        progress=progress,
+        bars=_progress_bars(progress, "fair order" if fair else "age order ", workload),
+    )
+
+    @app.task(queue=QUEUE)
+    async def build_report(payload: dict[str, Any]) -> None:
+        tally.started(payload["tenant"], wall_clock_ms() - int(payload["t"]))
+        await asyncio.sleep(workload.task_ms / 1000)
+        tally.finish()
+
+    rq: RunQueue = await app.queue()
+    await rq.set_env_limits(env, concurrency=workload.env_concurrency)
+    # the order is the environment's, on the server: every process (a dashboard too) sees it
+    await rq.set_env_options(env, order=order)
+    started = time.monotonic()
+    await _queue_backlog(build_report, workload)
+    workers = _workers(app, workload)
+    running = [asyncio.create_task(w.run()) for w in workers]
+    producer = asyncio.create_task(_light_arrivals(build_report, workload, started))
+    try:
+        await producer
+        await tally.all_done.wait()
+        tally.result.runtime_s = time.monotonic() - started
+    finally:
+        producer.cancel()
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*running, return_exceptions=True)
+        await app.aclose()
+    return tally.result
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What one pass's runs record as they run: waits, progress, and when all are done."""
+
+    result: PassResult
+    total: int
+    progress: Progress | None
+    bars: dict[str, Any]
+    finished: int = 0
+    all_done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def started(self, tenant: str, wait_ms: int) -> None:
+        """A run of ``tenant`` started ``wait_ms`` after its trigger."""
+        self.result.waits[tenant].append(wait_ms)
+        if self.progress is not None:
+            self.progress.advance(self.bars[HEAVY if tenant == HEAVY else "light"])
+
+    def finish(self) -> None:
+        """A run ended; the last one sets :attr:`all_done`."""
+        self.finished += 1
+        if self.finished >= self.total:
+            self.all_done.set()
+
+
+def _progress_bars(progress: Progress | None, label: str, workload: Workload) -> dict[str, Any]:
+    """One bar for the heavy tenant and one for the light ones (none without ``progress``)."""
     bars: dict[str, Any] = {}
     if progress is not None:
         bars[HEAVY] = progress.add_task(f"{label} {HEAVY:<14}", total=workload.heavy_runs)
@@ -136,34 +192,25 @@ async def run_pass(
             f"{label} {workload.light_tenants} light tenants",
             total=workload.light_tenants * workload.light_runs,
         )
+    return bars
 
-    @app.task(queue=QUEUE)
-    async def build_report(payload: dict[str, Any]) -> None:
-        nonlocal finished
-        tenant = payload["tenant"]
-        result.waits[tenant].append(wall_clock_ms() - int(payload["t"]))
-        if progress is not None:
-            progress.advance(bars[HEAVY if tenant == HEAVY else "light"])
-        await asyncio.sleep(workload.task_ms / 1000)
-        finished += 1
-        if finished >= total:
-            all_done.set()
 
-    rq: RunQueue = await app.queue()
-    await rq.set_env_limits(env, concurrency=workload.env_concurrency)
-    # the order is the environment's, on the server: every process (a dashboard too) sees it
-    await rq.set_env_options(env, order=order)
-    started = time.monotonic()
+async def _queue_backlog(build_report: Task[Any, None], workload: Workload) -> None:
+    """Queue the heavy tenant's backlog: queued a minute ago, as far as the order is
+    concerned."""
     t0 = wall_clock_ms()
-    # the backlog: queued a minute ago, as far as the order is concerned
     await build_report.trigger_many(
         [
             TriggerItem({"tenant": HEAVY, "t": t0}, concurrency_key=HEAVY, head_start=60)
             for _ in range(workload.heavy_runs)
         ]
     )
+
+
+def _workers(app: Fairq, workload: Workload) -> list[Worker]:
+    """The pass's workers (not yet running)."""
     # batches of BATCH runs, up to BATCH of one key: each batch follows the order exactly
-    workers = [
+    return [
         Worker(
             app,
             concurrency=workload.env_concurrency,
@@ -173,29 +220,17 @@ async def run_pass(
         )
         for _ in range(workload.workers)
     ]
-    running = [asyncio.create_task(w.run()) for w in workers]
 
-    async def light_arrivals() -> None:
-        for at, tenant in workload.arrivals():
-            delay = started + at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await build_report.trigger(
-                {"tenant": tenant, "t": wall_clock_ms()}, concurrency_key=tenant
-            )
 
-    producer = asyncio.create_task(light_arrivals())
-    try:
-        await producer
-        await all_done.wait()
-        result.runtime_s = time.monotonic() - started
-    finally:
-        producer.cancel()
-        for w in workers:
-            w.stop()
-        await asyncio.gather(*running, return_exceptions=True)
-        await app.aclose()
-    return result
+async def _light_arrivals(
+    build_report: Task[Any, None], workload: Workload, started: float
+) -> None:
+    """Trigger the light tenants' runs at their arrival times (seconds after ``started``)."""
+    for at, tenant in workload.arrivals():
+        delay = started + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await build_report.trigger({"tenant": tenant, "t": wall_clock_ms()}, concurrency_key=tenant)
 
 
 def summary_table(age: PassResult, fair: PassResult, workload: Workload) -> Table:

@@ -8,6 +8,7 @@ setting as it is. Pausing is a flag: ``pause`` then ``resume`` keeps the queue's
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import click
@@ -257,88 +258,157 @@ async def set_limits(
     fairq limits set acme:shop:prod emails --order fair --quantum 2 --window 4 --join floor
     """
     env = _env(env_name)
-    given = {
-        "--concurrency": concurrency, "--burst": burst, "--size-limit": size_limit,
-        "--order": order, "--total": total, "--rate": rate, "--max-per-key": max_per_key,
-        "--join": join, "--quantum": quantum, "--window": window, "--charge": charge,
-        "--arrival-cap": arrival_cap,
-    }  # fmt: skip
-    if all(v is None for v in given.values()) and rate_burst is None and borrow is None:
+    request = _SetRequest(
+        queue=queue, concurrency=concurrency, burst=burst, size_limit=size_limit,
+        order=order, total=total, rate=rate, rate_burst=rate_burst, borrow=borrow,
+        max_per_key=max_per_key, join=join, quantum=quantum, window=window, charge=charge,
+        arrival_cap=arrival_cap,
+    )  # fmt: skip
+    _check_set_flags(request)
+    # every value is validated before anything is written, then all apply in one step
+    plan = _validated_changes(request)
+    await _configure(url, env, plan.changes)
+    click.echo(f"{env}{' ' + queue if queue else ''}: " + ", ".join(plan.said))
+
+
+@dataclass(frozen=True, slots=True)
+class _SetRequest:
+    """The options of one ``limits set``, as given (None: not given)."""
+
+    queue: str | None
+    concurrency: str | None
+    burst: str | None
+    size_limit: str | None
+    order: str | None
+    total: str | None
+    rate: str | None
+    rate_burst: int | None
+    borrow: bool | None
+    max_per_key: str | None
+    join: str | None
+    quantum: str | None
+    window: str | None
+    charge: str | None
+    arrival_cap: str | None
+
+    def text_flags(self) -> dict[str, str | None]:
+        """The options given as text, by flag."""
+        return {
+            "--concurrency": self.concurrency, "--burst": self.burst,
+            "--size-limit": self.size_limit, "--order": self.order, "--total": self.total,
+            "--rate": self.rate, "--max-per-key": self.max_per_key, "--join": self.join,
+            "--quantum": self.quantum, "--window": self.window, "--charge": self.charge,
+            "--arrival-cap": self.arrival_cap,
+        }  # fmt: skip
+
+
+def _check_set_flags(request: _SetRequest) -> None:
+    """Refuse a ``limits set`` that names nothing, or a flag of the other scope."""
+    given = request.text_flags()
+    if (
+        all(v is None for v in given.values())
+        and request.rate_burst is None
+        and request.borrow is None
+    ):
         raise click.UsageError("nothing to set: give at least one limit (see --help)")
-    if queue is None:
+    if request.queue is None:
         misplaced = [f for f in ("--total", "--rate") if given[f] is not None]
-        misplaced += ["--rate-burst"] if rate_burst is not None else []
-        misplaced += ["--borrow"] if borrow is not None else []
+        misplaced += ["--rate-burst"] if request.rate_burst is not None else []
+        misplaced += ["--borrow"] if request.borrow is not None else []
         if misplaced:
             raise click.UsageError(f"{', '.join(misplaced)} apply to a queue: name QUEUE")
-    elif burst is not None:
+    elif request.burst is not None:
         raise click.UsageError("--burst applies to an environment, not a queue")
-    # every value is validated before anything is written, then all apply in one step
-    changes: list[Change] = []
-    said: list[str] = []
 
-    def add(name: str, value: object, text: str) -> None:
-        changes.append(_change(queue, name, value))
-        said.append(text)
 
-    def integer(flag: str, name: str, raw: str | None, label: str) -> None:
+@dataclass(slots=True)
+class _Plan:
+    """The validated changes of one ``limits set``, and how the reply says each."""
+
+    queue: str | None
+    changes: list[Change] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+
+    def add(self, name: str, value: object, text: str) -> None:
+        """Validate one change and note how the reply says it."""
+        self.changes.append(_change(self.queue, name, value))
+        self.said.append(text)
+
+    def integer(self, flag: str, name: str, raw: str | None, label: str) -> None:
+        """An integer setting (or a clear word), when given."""
         if raw is None:
             return
         if _cleared(raw):
-            add(name, None, f"{label} removed")
+            self.add(name, None, f"{label} removed")
         else:
             value = _number(raw, flag, int)
-            add(name, value, f"{label} {value}")
+            self.add(name, value, f"{label} {value}")
 
-    integer("--concurrency", "concurrency", concurrency, "concurrency")
-    if burst is not None:
-        if _cleared(burst):
-            add("burst_factor", None, "burst removed")
-        else:
-            value = _number(burst, "--burst", float)
-            add("burst_factor", value, f"burst {value:g}")
-    integer("--size-limit", "max_queue_size" if queue is None else "max_size", size_limit,
-            "size limit")  # fmt: skip
-    for name, raw in (("order", order), ("join", join), ("charge", charge)):
+    def real(self, flag: str, name: str, raw: str | None, label: str) -> None:
+        """A number setting (or a clear word), when given."""
         if raw is None:
-            continue
+            return
         if _cleared(raw):
-            add(name, None, f"{name} removed")
+            self.add(name, None, f"{label} removed")
         else:
-            add(name, raw.strip().lower(), f"{name} {raw.strip().lower()}")
-    integer("--max-per-key", "max_per_key", max_per_key, "max per key")
-    integer("--window", "window", window, "window")
-    for flag, name, raw in (("--quantum", "quantum", quantum),
-                            ("--arrival-cap", "arrival_cap", arrival_cap)):  # fmt: skip
+            value = _number(raw, flag, float)
+            self.add(name, value, f"{label} {value:g}")
+
+    def word(self, name: str, raw: str | None) -> None:
+        """A word setting (lower-cased), or a clear word, when given."""
         if raw is None:
-            continue
+            return
         if _cleared(raw):
-            add(name, None, f"{name.replace('_', ' ')} removed")
+            self.add(name, None, f"{name} removed")
         else:
-            number = _number(raw, flag, float)
-            add(name, number, f"{name.replace('_', ' ')} {number:g}")
-    integer("--total", "total", total, "total")
-    if rate is not None:
-        if _cleared(rate):
-            add("rate", None, "rate removed")
+            self.add(name, raw.strip().lower(), f"{name} {raw.strip().lower()}")
+
+    def rate(self, raw: str | None, rate_burst: int | None) -> None:
+        """The start rate (clearing it also clears the rate burst unless that is given)."""
+        if raw is None:
+            return
+        if _cleared(raw):
+            self.add("rate", None, "rate removed")
             if rate_burst is None:
-                changes.append(_change(queue, "rate_burst", None))
-        else:
-            try:
-                per_second = parse_rate(rate)
-            except InvalidLimitError as exc:
-                raise click.ClickException(str(exc)) from None
-            add("rate", per_second, f"rate {per_second:g}/s")
-    if rate_burst is not None:
-        add("rate_burst", rate_burst, f"rate burst {rate_burst}")
-    if borrow is not None:
-        add("borrow", True if borrow else None, "borrowing on" if borrow else "borrowing off")
+                self.changes.append(_change(self.queue, "rate_burst", None))
+            return
+        try:
+            per_second = parse_rate(raw)
+        except InvalidLimitError as exc:
+            raise click.ClickException(str(exc)) from None
+        self.add("rate", per_second, f"rate {per_second:g}/s")
+
+
+def _validated_changes(request: _SetRequest) -> _Plan:
+    """Every change of a ``limits set``, validated in the order the reply lists them."""
+    r, plan = request, _Plan(request.queue)
+    plan.integer("--concurrency", "concurrency", r.concurrency, "concurrency")
+    plan.real("--burst", "burst_factor", r.burst, "burst")
+    plan.integer("--size-limit", "max_queue_size" if r.queue is None else "max_size",
+                 r.size_limit, "size limit")  # fmt: skip
+    for name, raw in (("order", r.order), ("join", r.join), ("charge", r.charge)):
+        plan.word(name, raw)
+    plan.integer("--max-per-key", "max_per_key", r.max_per_key, "max per key")
+    plan.integer("--window", "window", r.window, "window")
+    plan.real("--quantum", "quantum", r.quantum, "quantum")
+    plan.real("--arrival-cap", "arrival_cap", r.arrival_cap, "arrival cap")
+    plan.integer("--total", "total", r.total, "total")
+    plan.rate(r.rate, r.rate_burst)
+    if r.rate_burst is not None:
+        plan.add("rate_burst", r.rate_burst, f"rate burst {r.rate_burst}")
+    if r.borrow is not None:
+        plan.add("borrow", True if r.borrow else None,
+                 "borrowing on" if r.borrow else "borrowing off")  # fmt: skip
+    return plan
+
+
+async def _configure(url: str | None, env: Environment, changes: list[Change]) -> None:
+    """Apply validated changes in one atomic step."""
     rq = await open_queue(url)
     try:
         await rq.configure(env, changes)
     finally:
         await rq.close()
-    click.echo(f"{env}{' ' + queue if queue else ''}: " + ", ".join(said))
 
 
 @command.command(name="pause")

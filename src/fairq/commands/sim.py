@@ -5,12 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fairq.commands._common import run_async, url_option
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from fairq.sim.driver import Trace
+    from fairq.sim.metrics import Record
+    from fairq.sim.runner import RunSpec
+    from fairq.sim.scenario import Scenario
 
 
 def _summary_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -90,80 +99,127 @@ async def command(
     so runs are isolated and their JSON is reproducible. 'all' runs every built-in.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from fairq.sim.disciplines import DisciplineError, parse_discipline, split_discipline_list
-    from fairq.sim.runner import RunSpec, plan, run_all
-    from fairq.sim.scenario import builtin_scenarios, resolve_scenario
+    from fairq.sim.runner import plan
 
     console = Console(stderr=True)
     out = Console()
     if list_only:
-        listed = builtin_scenarios()
-        width = max(18, *(len(s.name) for s in listed))
-        for s in listed:
-            out.print(
-                f"[bold]{s.name:<{width}}[/bold] {s.grain:<5} {s.description}", highlight=False
-            )
-            out.print(
-                f"{'':<{width}} table: {' '.join(s.disciplines)}", highlight=False, soft_wrap=True
-            )
+        _list_scenarios(out)
         return
     if not scenarios:
         raise click.UsageError("name at least one SCENARIO (or 'all'), or use --list")
-    chosen = []
-    for name in scenarios:
-        chosen.extend(builtin_scenarios() if name == "all" else [resolve_scenario(name)])
-    specs = split_discipline_list(list(disciplines) or ["age,sfq"])
-    use_tables = specs == ["table"]
-    if not use_tables:
-        try:
-            specs = [parse_discipline(s).spec for s in specs]
-        except DisciplineError as exc:
-            raise click.BadParameter(str(exc), param_hint="--discipline") from None
-    runs = plan(chosen, None if use_tables else specs, seeds, _shards(shards_text))
+    chosen = _chosen_scenarios(scenarios)
+    specs = _discipline_specs(disciplines)
+    runs = plan(chosen, specs, seeds, _shards(shards_text))
 
     def keep(spec: RunSpec) -> bool:
         return plot_dir is not None and spec.seed == 0
 
     show = (not quiet and sys.stderr.isatty()) or (not quiet and len(runs) > 1)
-    if show:
-        with Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, transient=True,
-        ) as progress:  # fmt: skip
-            task = progress.add_task("simulating", total=len(runs))
-
-            def done(spec: RunSpec, record: dict[str, object]) -> None:
-                progress.update(
-                    task, advance=1,
-                    description=f"{spec.scenario.name} {spec.discipline.spec} seed {spec.seed}",
-                )  # fmt: skip
-
-            records, traces = await run_all(url, runs, on_done=done, keep_traces=keep)
-    else:
-        records, traces = await run_all(url, runs, keep_traces=keep)
-
+    records, traces = await _run(url, runs, keep, console if show else None)
     if json_path:
-        text = json.dumps(records, indent=2, sort_keys=False) + "\n"
-        if json_path == "-":
-            sys.stdout.write(text)
-        else:
-            await asyncio.to_thread(Path(json_path).write_text, text, encoding="utf-8")
+        await _write_json(json_path, records)
     if plot_dir:
-        from fairq.sim.plots import plot_scenario
-
-        by_scenario: dict[str, dict[str, object]] = {}
-        for (scenario, label, _seed), trace in traces.items():
-            by_scenario.setdefault(scenario, {})[label] = trace
-        for scenario, per_label in by_scenario.items():
-            path = plot_scenario(scenario, per_label, Path(plot_dir))  # type: ignore[arg-type]
-            if not quiet:
-                console.print(f"wrote {path}")
+        _write_plots(traces, Path(plot_dir), console, quiet=quiet)
     if not quiet and json_path != "-":
-        table = Table("scenario", "discipline", "makespan", "worst S/W", "mean wait per group",
-                      "lost/dup", title=f"mean over {seeds} seed(s); waits in steps")  # fmt: skip
-        for row in _summary_rows(records):
-            table.add_row(*row)
-        out.print(table)
+        _print_summary(records, seeds, out)
+
+
+def _list_scenarios(out: Console) -> None:
+    """Print the built-in scenarios: name, grain, description and discipline table."""
+    from fairq.sim.scenario import builtin_scenarios
+
+    listed = builtin_scenarios()
+    width = max(18, *(len(s.name) for s in listed))
+    for s in listed:
+        out.print(f"[bold]{s.name:<{width}}[/bold] {s.grain:<5} {s.description}", highlight=False)
+        out.print(
+            f"{'':<{width}} table: {' '.join(s.disciplines)}", highlight=False, soft_wrap=True
+        )
+
+
+def _chosen_scenarios(names: tuple[str, ...]) -> list[Scenario]:
+    """The scenarios named (built-in names or .toml files; 'all' = every built-in)."""
+    from fairq.sim.scenario import builtin_scenarios, resolve_scenario
+
+    chosen: list[Scenario] = []
+    for name in names:
+        chosen.extend(builtin_scenarios() if name == "all" else [resolve_scenario(name)])
+    return chosen
+
+
+def _discipline_specs(disciplines: tuple[str, ...]) -> list[str] | None:
+    """The ``--discipline`` specs, canonical; None for 'table' (each scenario's own)."""
+    from fairq.sim.disciplines import DisciplineError, parse_discipline, split_discipline_list
+
+    specs = split_discipline_list(list(disciplines) or ["age,sfq"])
+    if specs == ["table"]:
+        return None
+    try:
+        return [parse_discipline(s).spec for s in specs]
+    except DisciplineError as exc:
+        raise click.BadParameter(str(exc), param_hint="--discipline") from None
+
+
+async def _run(
+    url: str | None,
+    runs: list[RunSpec],
+    keep: Callable[[RunSpec], bool],
+    console: Console | None,
+) -> tuple[list[Record], dict[tuple[str, str, int], Trace]]:
+    """Run every spec, with a progress bar on ``console`` when one is given."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fairq.sim.runner import run_all
+
+    if console is None:
+        return await run_all(url, runs, keep_traces=keep)
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, transient=True,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("simulating", total=len(runs))
+
+        def done(spec: RunSpec, record: Record) -> None:
+            progress.update(
+                task, advance=1,
+                description=f"{spec.scenario.name} {spec.discipline.spec} seed {spec.seed}",
+            )  # fmt: skip
+
+        return await run_all(url, runs, on_done=done, keep_traces=keep)
+
+
+async def _write_json(json_path: str, records: list[dict[str, Any]]) -> None:
+    """Write the records as a JSON list to ``json_path`` ('-' = stdout)."""
+    text = json.dumps(records, indent=2, sort_keys=False) + "\n"
+    if json_path == "-":
+        sys.stdout.write(text)
+    else:
+        await asyncio.to_thread(Path(json_path).write_text, text, encoding="utf-8")
+
+
+def _write_plots(
+    traces: dict[tuple[str, str, int], Trace], plot_dir: Path, console: Console, *, quiet: bool
+) -> None:
+    """One PNG per scenario, of the traces kept (seed 0), into ``plot_dir``."""
+    from fairq.sim.plots import plot_scenario
+
+    by_scenario: dict[str, dict[str, Trace]] = {}
+    for (scenario, label, _seed), trace in traces.items():
+        by_scenario.setdefault(scenario, {})[label] = trace
+    for scenario, per_label in by_scenario.items():
+        path = plot_scenario(scenario, per_label, plot_dir)
+        if not quiet:
+            console.print(f"wrote {path}")
+
+
+def _print_summary(records: list[dict[str, Any]], seeds: int, out: Console) -> None:
+    """The summary table: means over seeds per scenario and discipline."""
+    from rich.table import Table
+
+    table = Table("scenario", "discipline", "makespan", "worst S/W", "mean wait per group",
+                  "lost/dup", title=f"mean over {seeds} seed(s); waits in steps")  # fmt: skip
+    for row in _summary_rows(records):
+        table.add_row(*row)
+    out.print(table)

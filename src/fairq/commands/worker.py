@@ -9,13 +9,18 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fairq.app import Fairq
 from fairq.commands._common import url_option
 from fairq.errors import FairqError
+
+if TYPE_CHECKING:
+    from fairq.logs import LogFormat
+    from fairq.worker import Worker
 
 
 def load_app(spec: str) -> Fairq:
@@ -119,68 +124,70 @@ def command(
     """
     from fairq import logs
 
-    fmt: logs.LogFormat = "json" if log_format == "json" else "text"
-    logs.configure(logging.INFO if verbose else logging.WARNING, fmt)
+    options = _WorkerOptions(
+        app_spec=app_spec, url=url, concurrency=concurrency, queues=queues, grace=grace,
+        linger_ms=linger_ms, burst=burst, max_runs=max_runs, verbose=verbose,
+        log_format=log_format, metrics_port=metrics_port, metrics_host=metrics_host,
+    )  # fmt: skip
+    logs.configure(logging.INFO if verbose else logging.WARNING, options.fmt)
     count = _processes(processes)
     # a SIGTERM (a supervisor's, a deploy's) while the worker still starts up (imports,
     # the server's start) stops it gracefully once it runs, instead of killing it
-    early: list[int] = []
-    if count == 1:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, _frame: early.append(signum))
+    early = _note_early_signals() if count == 1 else []
     app = load_app(app_spec)
     if count > 1:
-        _supervise(
-            count, app_spec, url=url, concurrency=concurrency, queues=queues, grace=grace,
-            linger_ms=linger_ms, burst=burst, max_runs=max_runs, verbose=verbose,
-            log_format=log_format, metrics_port=metrics_port, metrics_host=metrics_host,
-        )  # fmt: skip
+        _supervise(count, options)
         return
+    _run_worker(app, options, early)
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerOptions:
+    """The options of ``fairq worker`` that each worker process runs with."""
+
+    app_spec: str
+    url: str | None
+    concurrency: int
+    queues: tuple[str, ...]
+    grace: float
+    linger_ms: float
+    burst: bool
+    max_runs: int | None
+    verbose: bool
+    log_format: str
+    metrics_port: int | None
+    metrics_host: str
+
+    @property
+    def fmt(self) -> LogFormat:
+        """The log format, as :mod:`fairq.logs` names it."""
+        return "json" if self.log_format == "json" else "text"
+
+
+def _note_early_signals() -> list[int]:
+    """Record SIGTERM / SIGINT instead of dying on them; returns the list they land in."""
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
+    return early
+
+
+def _run_worker(app: Fairq, options: _WorkerOptions, early: list[int]) -> None:
+    """Run one worker in this process until it stops."""
     from fairq import metrics
     from fairq.supervisor import watch_parent
-    from fairq.worker import Worker
 
     watch_parent()
-    if url:
-        app.url = url
-    try:
-        worker = Worker(
-            app, concurrency=concurrency, queues=list(queues) or None, grace_period=grace,
-            linger=linger_ms / 1000, burst=burst, max_runs=max_runs,
-            install_signal_handlers=True,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-
-    if metrics_port is not None:
+    if options.url:
+        app.url = options.url
+    worker = _make_worker(app, options)
+    if options.metrics_port is not None:
         try:
-            metrics.serve(metrics_port, metrics_host)
+            metrics.serve(options.metrics_port, options.metrics_host)
         except OSError as exc:
-            raise click.ClickException(f"--metrics-port {metrics_port}: {exc}") from None
-
-    async def main() -> None:
-        resolved = await app.resolved_url()
-        logs.say(
-            f"fairq worker: env {app.env} | queues {', '.join(worker.queues)} | "
-            f"concurrency {concurrency} | server {resolved}"
-            + (f" | metrics http://{metrics_host}:{metrics_port}/metrics" if metrics_port else ""),
-            fmt,
-        )
-        if early:  # stopped while starting: take nothing, exit cleanly
-            worker.stop()
-        try:
-            stats = await worker.run()
-        finally:
-            await app.aclose()
-        logs.say(
-            f"fairq worker stopped: {stats.completed} completed, {stats.retried} retried, "
-            f"{stats.failed} failed, {stats.dead_lettered} dead-lettered, "
-            f"{stats.returned} returned to the queue",
-            fmt,
-        )
-
+            raise click.ClickException(f"--metrics-port {options.metrics_port}: {exc}") from None
     try:
-        asyncio.run(main())
+        asyncio.run(_work(app, worker, options, early))
     except FairqError as exc:
         raise click.ClickException(str(exc)) from None
     if any(t.name.startswith("fairq-task") and t.is_alive() for t in threading.enumerate()):
@@ -189,6 +196,46 @@ def command(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _make_worker(app: Fairq, options: _WorkerOptions) -> Worker:
+    """The worker of ``app`` with the command's options; a bad option is a usage error."""
+    from fairq.worker import Worker
+
+    try:
+        return Worker(
+            app, concurrency=options.concurrency, queues=list(options.queues) or None,
+            grace_period=options.grace, linger=options.linger_ms / 1000, burst=options.burst,
+            max_runs=options.max_runs, install_signal_handlers=True,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+async def _work(app: Fairq, worker: Worker, options: _WorkerOptions, early: list[int]) -> None:
+    """Say what runs, run the worker until it stops, close the app and say how it went."""
+    from fairq import logs
+
+    resolved = await app.resolved_url()
+    port, host = options.metrics_port, options.metrics_host
+    logs.say(
+        f"fairq worker: env {app.env} | queues {', '.join(worker.queues)} | "
+        f"concurrency {options.concurrency} | server {resolved}"
+        + (f" | metrics http://{host}:{port}/metrics" if port else ""),
+        options.fmt,
+    )
+    if early:  # stopped while starting: take nothing, exit cleanly
+        worker.stop()
+    try:
+        stats = await worker.run()
+    finally:
+        await app.aclose()
+    logs.say(
+        f"fairq worker stopped: {stats.completed} completed, {stats.retried} retried, "
+        f"{stats.failed} failed, {stats.dead_lettered} dead-lettered, "
+        f"{stats.returned} returned to the queue",
+        options.fmt,
+    )
 
 
 def _processes(raw: str) -> int:
@@ -205,53 +252,42 @@ def _processes(raw: str) -> int:
     return count
 
 
-def _supervise(
-    count: int,
-    app_spec: str,
-    *,
-    url: str | None,
-    concurrency: int,
-    queues: tuple[str, ...],
-    grace: float,
-    linger_ms: float,
-    burst: bool,
-    max_runs: int | None,
-    verbose: bool,
-    log_format: str,
-    metrics_port: int | None,
-    metrics_host: str,
-) -> None:
+def _supervise(count: int, options: _WorkerOptions) -> None:
     """Run ``count`` workers with the same options under :class:`fairq.supervisor.Supervisor`."""
+    from fairq import logs
     from fairq.supervisor import Supervisor
 
-    base = [sys.executable, "-m", "fairq", "worker", app_spec, "--processes", "1"]
-    base += ["--concurrency", str(concurrency), "--grace", repr(grace)]
-    base += ["--linger-ms", repr(linger_ms)]
-    base += ["--log-format", log_format, "--metrics-host", metrics_host]
-    for q in queues:
-        base += ["--queue", q]
-    if burst:
-        base.append("--burst")
-    if max_runs is not None:
-        base += ["--max-runs", str(max_runs)]
-    if verbose:
-        base.append("--verbose")
-    commands = [
-        base + ([] if metrics_port is None else ["--metrics-port", str(metrics_port + i)])
-        for i in range(count)
-    ]
+    commands = _worker_commands(count, options)
     env = dict(os.environ)
-    if url:
-        env["FAIRQ_REDIS_URL"] = url
-    from fairq import logs
-
-    fmt: logs.LogFormat = "json" if log_format == "json" else "text"
-    logs.say(f"fairq supervisor: {count} worker processes of {app_spec}", fmt,
+    if options.url:
+        env["FAIRQ_REDIS_URL"] = options.url
+    logs.say(f"fairq supervisor: {count} worker processes of {options.app_spec}", options.fmt,
              logger="fairq.supervisor")  # fmt: skip
     supervisor = Supervisor(processes=count, commands=commands, env=env)
     code = supervisor.run()
     restarts = sum(s.restarts for s in supervisor.slots)
-    logs.say(f"fairq supervisor stopped: {count} worker(s), {restarts} restart(s)", fmt,
+    logs.say(f"fairq supervisor stopped: {count} worker(s), {restarts} restart(s)", options.fmt,
              logger="fairq.supervisor")  # fmt: skip
     if code:
         raise SystemExit(code)
+
+
+def _worker_commands(count: int, options: _WorkerOptions) -> list[list[str]]:
+    """The command line of each of ``count`` single-process workers (worker i serves
+    metrics on ``--metrics-port`` + i)."""
+    base = [sys.executable, "-m", "fairq", "worker", options.app_spec, "--processes", "1"]
+    base += ["--concurrency", str(options.concurrency), "--grace", repr(options.grace)]
+    base += ["--linger-ms", repr(options.linger_ms)]
+    base += ["--log-format", options.log_format, "--metrics-host", options.metrics_host]
+    for q in options.queues:
+        base += ["--queue", q]
+    if options.burst:
+        base.append("--burst")
+    if options.max_runs is not None:
+        base += ["--max-runs", str(options.max_runs)]
+    if options.verbose:
+        base.append("--verbose")
+    port = options.metrics_port
+    return [
+        base + ([] if port is None else ["--metrics-port", str(port + i)]) for i in range(count)
+    ]
