@@ -89,6 +89,42 @@ class _TaskDecorator(Protocol):
     def __call__(self, fn: Callable[[P], R], /) -> Task[P, R]: ...
 
 
+def _queue_options(
+    *,
+    fair: bool | None,
+    max_per_key_per_call: int | None,
+    total_concurrency: int | None,
+    rate: str | float | None,
+    charge: Literal["count", "duration"] | None,
+    priority_levels: int | None,
+    max_wait_promote: Duration | None,
+) -> dict[str, object]:
+    """The queue options a task's keyword options set (by their store names), for a
+    starting worker to write on the server; a bad ``rate`` raises here."""
+    options: dict[str, object] = {}
+    if fair is not None:
+        options["order"] = "fair" if fair else "age"
+    if max_per_key_per_call is not None:
+        options["max_per_key"] = max_per_key_per_call
+    if total_concurrency is not None:
+        options["total"] = total_concurrency
+    if charge is not None:
+        options["charge"] = charge
+    if priority_levels is not None:
+        options["priority_levels"] = priority_levels
+    if max_wait_promote is not None:
+        options["max_wait_promote"] = (
+            max_wait_promote.total_seconds()
+            if isinstance(max_wait_promote, timedelta)
+            else max_wait_promote
+        )
+    if rate is not None:
+        from fairq.store.options import parse_rate
+
+        options["rate"] = parse_rate(rate)
+    return options
+
+
 class Fairq:
     """A fairq application: one environment, its tasks, and a connection per event loop.
 
@@ -245,55 +281,63 @@ class Fairq:
         Raises:
             ConfigurationError: the queue already has a task, or a bad option.
         """
-        options: dict[str, object] = {}
-        if fair is not None:
-            options["order"] = "fair" if fair else "age"
-        if max_per_key_per_call is not None:
-            options["max_per_key"] = max_per_key_per_call
-        if total_concurrency is not None:
-            options["total"] = total_concurrency
-        if charge is not None:
-            options["charge"] = charge
-        if priority_levels is not None:
-            options["priority_levels"] = priority_levels
-        if max_wait_promote is not None:
-            options["max_wait_promote"] = (
-                max_wait_promote.total_seconds()
-                if isinstance(max_wait_promote, timedelta)
-                else max_wait_promote
-            )
-        if rate is not None:
-            from fairq.store.options import parse_rate
-
-            options["rate"] = parse_rate(rate)
+        options = _queue_options(
+            fair=fair, max_per_key_per_call=max_per_key_per_call,
+            total_concurrency=total_concurrency, rate=rate, charge=charge,
+            priority_levels=priority_levels, max_wait_promote=max_wait_promote,
+        )  # fmt: skip
 
         def register(function: Callable[[Any], Any]) -> Task[Any, Any]:
-            queue_name = queue or getattr(function, "__name__", None)
-            if not queue_name:
-                raise ConfigurationError("a task needs a queue name")
-            if queue_name in self.tasks:
-                raise ConfigurationError(
-                    f"queue {queue_name!r} already belongs to task {self.tasks[queue_name].name!r}"
-                )
-            task_name = (
-                name or f"{function.__module__}.{getattr(function, '__qualname__', queue_name)}"
-            )
-            t: Task[Any, Any] = Task(
-                self, function, name=task_name, queue=queue_name,
-                concurrency_limit=concurrency_limit, queue_size_limit=queue_size_limit,
-                retry=retry, ttl_ms=ttl_ms, timeout=timeout, keep_result=keep_result,
-                tenant_from=tenant_from, options=options, priority=priority,
+            return self._register_task(
+                function, queue=queue, name=name, concurrency_limit=concurrency_limit,
+                queue_size_limit=queue_size_limit, retry=retry, ttl_ms=ttl_ms,
+                timeout=timeout, keep_result=keep_result, tenant_from=tenant_from,
+                options=options, priority=priority, schedule=schedule,
             )  # fmt: skip
-            self.tasks[queue_name] = t
-            if isinstance(schedule, str):
-                self.schedule(t, cron=schedule)
-            elif schedule is not None:
-                self.schedule(t, every=schedule)
-            return t
 
         if fn is not None:
             return register(fn)
         return register
+
+    def _register_task(
+        self,
+        function: Callable[[Any], Any],
+        *,
+        queue: str | None,
+        name: str | None,
+        concurrency_limit: int | None,
+        queue_size_limit: int | None,
+        retry: RetryPolicy | None,
+        ttl_ms: int | None,
+        timeout: Duration | None,
+        keep_result: bool | None,
+        tenant_from: TenantFrom | None,
+        options: dict[str, object],
+        priority: int | None,
+        schedule: str | Duration | None,
+    ) -> Task[Any, Any]:
+        """Make ``function`` the task of its queue (what ``@app.task`` does to the
+        function it decorates), and schedule it if ``schedule`` says so."""
+        queue_name = queue or getattr(function, "__name__", None)
+        if not queue_name:
+            raise ConfigurationError("a task needs a queue name")
+        if queue_name in self.tasks:
+            raise ConfigurationError(
+                f"queue {queue_name!r} already belongs to task {self.tasks[queue_name].name!r}"
+            )
+        task_name = name or f"{function.__module__}.{getattr(function, '__qualname__', queue_name)}"
+        t: Task[Any, Any] = Task(
+            self, function, name=task_name, queue=queue_name,
+            concurrency_limit=concurrency_limit, queue_size_limit=queue_size_limit,
+            retry=retry, ttl_ms=ttl_ms, timeout=timeout, keep_result=keep_result,
+            tenant_from=tenant_from, options=options, priority=priority,
+        )  # fmt: skip
+        self.tasks[queue_name] = t
+        if isinstance(schedule, str):
+            self.schedule(t, cron=schedule)
+        elif schedule is not None:
+            self.schedule(t, every=schedule)
+        return t
 
     def schedule(
         self,

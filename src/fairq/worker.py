@@ -126,6 +126,61 @@ def _result_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=str)
 
 
+def _check_options(
+    app: Fairq,
+    *,
+    concurrency: int,
+    max_count: int | None,
+    grace_period: float,
+    cancel_grace: float,
+    idle_timeout: float,
+    maintenance_interval: float,
+    linger: float,
+    max_runs: int | None,
+) -> None:
+    """Raise :class:`ConfigurationError` for the first bad :class:`Worker` option."""
+    if not isinstance(app, Fairq):
+        raise ConfigurationError("Worker needs a fairq.Fairq app")
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise ConfigurationError(f"concurrency must be an integer in 1..{MAX_CONCURRENCY}")
+    if max_count is not None and (
+        isinstance(max_count, bool) or not isinstance(max_count, int) or not 1 <= max_count <= 1000
+    ):
+        raise ConfigurationError("max_count must be an integer in 1..1000")
+    for name, value in (
+        ("grace_period", grace_period), ("cancel_grace", cancel_grace),
+        ("idle_timeout", idle_timeout), ("maintenance_interval", maintenance_interval),
+    ):  # fmt: skip
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value <= 86_400
+        ):
+            raise ConfigurationError(f"{name} must be a number of seconds in 0..86400")
+    if idle_timeout <= 0 or maintenance_interval <= 0:
+        raise ConfigurationError("idle_timeout and maintenance_interval must be positive")
+    check_linger(linger)
+    if max_runs is not None and (
+        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+    ):
+        raise ConfigurationError("max_runs must be a positive integer")
+
+
+def _task_queues(app: Fairq, queues: Sequence[str] | None) -> list[str]:
+    """The task queues a worker serves: ``queues``, or every task's of the app."""
+    names = list(queues) if queues is not None else list(app.tasks)
+    unknown = [q for q in names if q not in app.tasks]
+    if unknown:
+        raise ConfigurationError(f"no task for queue(s) {unknown}; app has {sorted(app.tasks)}")
+    if not names:
+        raise ConfigurationError("the app has no tasks to run")
+    return names
+
+
 class Worker:
     """Runs an app's tasks.
 
@@ -165,47 +220,15 @@ class Worker:
         install_signal_handlers: bool = False,
         run_schedules: bool = True,
     ) -> None:
-        if not isinstance(app, Fairq):
-            raise ConfigurationError("Worker needs a fairq.Fairq app")
-        if (
-            isinstance(concurrency, bool)
-            or not isinstance(concurrency, int)
-            or not 1 <= concurrency <= MAX_CONCURRENCY
-        ):
-            raise ConfigurationError(f"concurrency must be an integer in 1..{MAX_CONCURRENCY}")
-        if max_count is not None and (
-            isinstance(max_count, bool)
-            or not isinstance(max_count, int)
-            or not 1 <= max_count <= 1000
-        ):
-            raise ConfigurationError("max_count must be an integer in 1..1000")
-        for name, value in (
-            ("grace_period", grace_period), ("cancel_grace", cancel_grace),
-            ("idle_timeout", idle_timeout), ("maintenance_interval", maintenance_interval),
-        ):  # fmt: skip
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 <= value <= 86_400
-            ):
-                raise ConfigurationError(f"{name} must be a number of seconds in 0..86400")
-        if idle_timeout <= 0 or maintenance_interval <= 0:
-            raise ConfigurationError("idle_timeout and maintenance_interval must be positive")
-        check_linger(linger)
-        if max_runs is not None and (
-            isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
-        ):
-            raise ConfigurationError("max_runs must be a positive integer")
+        _check_options(
+            app, concurrency=concurrency, max_count=max_count, grace_period=grace_period,
+            cancel_grace=cancel_grace, idle_timeout=idle_timeout,
+            maintenance_interval=maintenance_interval, linger=linger, max_runs=max_runs,
+        )  # fmt: skip
         self.app = app
         self.concurrency = concurrency
         self.max_count = max(1, min(max_count or concurrency, concurrency, 1000))
-        names = list(queues) if queues is not None else list(app.tasks)
-        unknown = [q for q in names if q not in app.tasks]
-        if unknown:
-            raise ConfigurationError(f"no task for queue(s) {unknown}; app has {sorted(app.tasks)}")
-        if not names:
-            raise ConfigurationError("the app has no tasks to run")
-        self.queues = names
+        self.queues = _task_queues(app, queues)
         self.grace_period = grace_period
         self.cancel_grace = cancel_grace
         self.max_runs = max_runs

@@ -136,11 +136,7 @@ class DequeueOps(SpreadOps):
             InvalidLimitError: ``max_count`` not an integer in 1..1000, or a bad lease.
             InvalidNameError: a bad queue name.
         """
-        validate.max_count(max_count)
-        if lease_ms is not None:
-            validate.lease_ms(lease_ms)
-        if now_ms is not None:
-            validate.time_ms("now_ms", now_ms)
+        _check_dequeue_args(max_count, lease_ms, now_ms)
         pool = K.pool_id(queues)  # the consumer's: the queues it serves (0: all of them)
         if env is not None:
             names = list(queues) if queues is not None else await self.queues(env)
@@ -192,16 +188,7 @@ class DequeueOps(SpreadOps):
             if leased.room <= 0:
                 break
         if not leased.runs and leased.wait is None:
-            # the earliest head of any shard: a ready one the gates below skipped means
-            # try again now; one a script found behind a limit (gated) is woken by the
-            # slot that frees, so only future heads count then
-            earliest = [
-                score
-                for members in heads.values()
-                for _, score in members
-                if not leased.gated or score > now
-            ]
-            leased.wait = max(0, int(min(earliest)) - now) if earliest else None
+            leased.wait = _wait_for_heads(heads, now, leased.gated)
         return leased.batch()
 
     async def dequeue(
@@ -391,6 +378,27 @@ class DequeueOps(SpreadOps):
             }
         ordered = self.selection.order(members, busy, limit, tags)
         return [replace(p, partition=where[p.env]) for p in ordered]
+
+
+def _check_dequeue_args(max_count: int, lease_ms: int | None, now_ms: int | None) -> None:
+    """Raise for a bad ``max_count``, ``lease_ms`` or ``now_ms`` of a dequeue."""
+    validate.max_count(max_count)
+    if lease_ms is not None:
+        validate.lease_ms(lease_ms)
+    if now_ms is not None:
+        validate.time_ms("now_ms", now_ms)
+
+
+def _wait_for_heads(heads: dict[int, list[tuple[str, float]]], now: int, gated: bool) -> int | None:
+    """How long a dequeue that leased nothing says to wait (ms; None: no heads).
+
+    The earliest head of any shard: a ready one the gates skipped means try again now;
+    one a script found behind a limit (``gated``) is woken by the slot that frees, so
+    only future heads count then."""
+    earliest = [
+        score for members in heads.values() for _, score in members if not gated or score > now
+    ]
+    return max(0, int(min(earliest)) - now) if earliest else None
 
 
 def _env_id(member: str) -> str:

@@ -172,6 +172,23 @@ def _opt(raw: Any) -> str | None:
     return None if raw is None else text_of(raw)
 
 
+def _read_stats(pipe: Any, e: EnvKeys, qkeys: list[QueueKeys], fields: list[str]) -> None:
+    """Queue the reads of :meth:`ReaderOps.queues_stats` on ``pipe``: the environment's
+    runs in flight and settings, then :data:`_STATS_READS` reads per queue."""
+    pipe.scard(e.inflight)
+    pipe.hmget(e.config, fields)
+    for q in qkeys:
+        pipe.zcard(q.queued)
+        pipe.scard(q.inflight)
+        pipe.get(q.ck_queued_counter)
+        pipe.get(q.ck_running_counter)
+        pipe.zcard(q.ck_index)
+        pipe.zrange(q.queued, 0, 0, withscores=True)
+        pipe.zrange(q.ck_index, 0, 0, withscores=True)
+        for level in _OTHER_LEVELS:  # keyless runs of the other priority levels
+            pipe.zcard(q.at_level(level).queued)
+
+
 class ReaderOps(StoreCore):
     async def queue_stats(
         self, env: Environment, queue: str, *, breakdown: bool = False
@@ -209,30 +226,11 @@ class ReaderOps(StoreCore):
         fields = [*ENV_DEFAULTS]
         for name in queues:
             fields += [K.config_field(name, o) for o in QUEUE_OPTIONS]
-
-        def build(pipe: Any) -> None:
-            pipe.scard(e.inflight)
-            pipe.hmget(e.config, fields)
-            for q in qkeys:
-                pipe.zcard(q.queued)
-                pipe.scard(q.inflight)
-                pipe.get(q.ck_queued_counter)
-                pipe.get(q.ck_running_counter)
-                pipe.zcard(q.ck_index)
-                pipe.zrange(q.queued, 0, 0, withscores=True)
-                pipe.zrange(q.ck_index, 0, 0, withscores=True)
-                for level in _OTHER_LEVELS:  # keyless runs of the other priority levels
-                    pipe.zcard(q.at_level(level).queued)
-
-        now, raw = await self.timed_pipeline(build)
+        now, raw = await self.timed_pipeline(lambda pipe: _read_stats(pipe, e, qkeys, fields))
         env_running = int(raw[0])
         config = raw[1]
         base = len(ENV_DEFAULTS)
         env_opts = dict(zip(ENV_DEFAULTS, (_opt(v) for v in config[:base]), strict=True))
-        env_size, env_order, env_mpk, env_charge = (
-            env_opts["max_queue_size"], env_opts["order"], env_opts["max_per_key"],
-            env_opts["charge"],
-        )  # fmt: skip
         out: list[QueueStats] = []
         width = len(QUEUE_OPTIONS)
         keyed_running: dict[str, int] | None = None
@@ -255,48 +253,70 @@ class ReaderOps(StoreCore):
                 if keyed_running.get(name):
                     idx = 1
             if (ckq is None and idx) or (ckr is None and idx):
-                seeded = await self.call(
-                    "seed_counters", "age", self.keys.tag_of(env, partition), [env.id, name], None
-                )
-                ckq, ckr = seeded[1], seeded[2]
+                ckq, ckr = await self._seed_counters(env, name, partition)
             heads = [float(h[0][1]) for h in (head, ckhead) if h]
-            size = qc["max_size"] if qc["max_size"] is not None else env_size
             variants = await self._variants(env, name, partition) if breakdown else []
             oldest = int(min(heads)) if heads else None
-            delayed = 0
-            if oldest is not None and oldest > now:
-                delayed = int(zq) + int(ckq or 0)
+            queued = int(zq) + int(ckq or 0)
             out.append(
-                QueueStats(
-                    env=env,
-                    queue=name,
-                    queued=int(zq) + int(ckq or 0),
-                    running=int(si) + int(ckr or 0),
-                    concurrency_limit=None if qc["concurrency"] is None else int(qc["concurrency"]),
-                    queue_size_limit=None if size is None else int(size),
-                    oldest_score_ms=oldest,
+                self._queue_stats(
+                    env, name, qc, env_opts, queued=queued, running=int(si) + int(ckr or 0),
+                    oldest=oldest, delayed=queued if oldest is not None and oldest > now else 0,
                     variants=variants,
-                    is_paused=qc["paused"] == "1",
-                    total_concurrency_limit=None if qc["total"] is None else int(qc["total"]),
-                    order=qc["order"] or env_order or ("fair" if self.fair else "age"),
-                    max_per_key_per_call=int(qc["max_per_key"] or env_mpk or 0)
-                    or self.config.max_per_key_per_call,
-                    charge=qc["charge"] or env_charge or self.config.vtime.charge,
-                    rate=None if qc["rate"] is None else float(qc["rate"]),
-                    rate_burst=None if qc["rate_burst"] is None else int(qc["rate_burst"]),
-                    borrow=qc["borrow"] == "1",
-                    delayed=delayed,
-                    priority_levels=int(qc["priority_levels"] or K.DEFAULT_PRIORITY_LEVELS),
-                    levels_used=_levels_of(qc["levels"]),
-                    **self._fair_settings(qc, env_opts),
-                    options={
-                        k: v
-                        for k, v in qc.items()
-                        if v is not None and not QUEUE_OPTIONS[k].internal
-                    },
                 )
-            )
+            )  # fmt: skip
         return out
+
+    async def _seed_counters(self, env: Environment, queue: str, partition: int) -> tuple[Any, Any]:
+        """Seed a queue's missing CK counters from its keyed runs; the (queued, running)
+        counts they now hold."""
+        seeded = await self.call(
+            "seed_counters", "age", self.keys.tag_of(env, partition), [env.id, queue], None
+        )
+        return seeded[1], seeded[2]
+
+    def _queue_stats(
+        self,
+        env: Environment,
+        name: str,
+        qc: dict[str, str | None],
+        env_opts: dict[str, str | None],
+        *,
+        queued: int,
+        running: int,
+        oldest: int | None,
+        delayed: int,
+        variants: list[VariantStats],
+    ) -> QueueStats:
+        """One queue's stats from its counts and its settings (``qc``: the queue's
+        options; ``env_opts``: the environment's defaults, then this process's)."""
+        size = qc["max_size"] if qc["max_size"] is not None else env_opts["max_queue_size"]
+        return QueueStats(
+            env=env,
+            queue=name,
+            queued=queued,
+            running=running,
+            concurrency_limit=None if qc["concurrency"] is None else int(qc["concurrency"]),
+            queue_size_limit=None if size is None else int(size),
+            oldest_score_ms=oldest,
+            variants=variants,
+            is_paused=qc["paused"] == "1",
+            total_concurrency_limit=None if qc["total"] is None else int(qc["total"]),
+            order=qc["order"] or env_opts["order"] or ("fair" if self.fair else "age"),
+            max_per_key_per_call=int(qc["max_per_key"] or env_opts["max_per_key"] or 0)
+            or self.config.max_per_key_per_call,
+            charge=qc["charge"] or env_opts["charge"] or self.config.vtime.charge,
+            rate=None if qc["rate"] is None else float(qc["rate"]),
+            rate_burst=None if qc["rate_burst"] is None else int(qc["rate_burst"]),
+            borrow=qc["borrow"] == "1",
+            delayed=delayed,
+            priority_levels=int(qc["priority_levels"] or K.DEFAULT_PRIORITY_LEVELS),
+            levels_used=_levels_of(qc["levels"]),
+            **self._fair_settings(qc, env_opts),
+            options={
+                k: v for k, v in qc.items() if v is not None and not QUEUE_OPTIONS[k].internal
+            },
+        )
 
     async def level_counts(self, env: Environment, queue: str) -> dict[int, LevelCount]:
         """Runs queued and running at each priority level of a queue (levels with

@@ -163,10 +163,35 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
     text = read(f"{name}.lua")
     if text is None:
         raise ScriptLoadError(f"no script {name!r}")
-    directives = _directives(text, name)
+    wanted, full_schema = _script_directives(name, order, text)
+    bodies = _include_bodies(name, order, wanted[1:], read)
+    prelude = read("include/prelude.lua")
+    if prelude is None:
+        raise ScriptLoadError(f"{name}: missing include 'prelude'")
+    header, body = _split_script(text)
+    code = "\n".join([prelude, *bodies.values(), body])
+    try:
+        reads = reads_called(code)
+        # the context this build reads, and only that (a name no context field has fails)
+        ordered_context = context_read(code)
+        check_state_fields(code)
+    except ValueError as exc:
+        raise ScriptLoadError(f"{name}: {exc}") from None
+    module = _module(code, prelude, bodies, reads, full_schema=full_schema)
+    function = f"fairq_{name}_{order or 'any'}"
+    draft = _library(function, header, module, lua_bindings(ordered_context), body)
+    digest = hashlib.sha1(draft.encode("utf-8")).hexdigest()
+    versioned = f"{function}_{digest[:16]}"
+    library = _library(versioned, header, module, lua_bindings(ordered_context), body)
+    return Source(library, ordered_context, tuple(bodies), versioned)
+
+
+def _script_directives(name: str, order: Order | None, text: str) -> tuple[list[str], bool]:
+    """A script's includes (``prelude`` first) and whether its build gets the full
+    (fair-order) schema, from its directives."""
     wanted: list[str] = []
     full_schema = order == "fair"
-    for kind, names in directives:
+    for kind, names in _directives(text, name):
         if kind == "context":
             raise ScriptLoadError(
                 f"{name}: '--@context' is gone: the loader gives a build the context it reads"
@@ -181,8 +206,15 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             raise ScriptLoadError(f"{name}: '--@require' is for includes; use '--@include'")
     if not wanted or wanted[0] != "prelude":
         raise ScriptLoadError(f"{name}: the first include must be 'prelude'")
+    return wanted, full_schema
 
-    emitted: list[str] = []
+
+def _include_bodies(
+    name: str, order: Order | None, wanted: list[str], read: Reader
+) -> dict[str, str]:
+    """The text (directives blanked) of every include script ``name`` needs besides
+    ``prelude``, the order placeholders resolved for ``order``: each once, after the
+    includes it requires, in the order they are emitted (the dict's order)."""
     bodies: dict[str, str] = {}
 
     def visit(include: str, stack: tuple[str, ...]) -> None:
@@ -203,27 +235,29 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             for needed in names:
                 visit(needed, (*stack, include))
         bodies[include] = _DIRECTIVE_RE.sub(lambda m: "", raw)
-        emitted.append(include)
 
-    for include in wanted[1:]:
+    for include in wanted:
         visit(include, ())
-    prelude = read("include/prelude.lua")
-    if prelude is None:
-        raise ScriptLoadError(f"{name}: missing include 'prelude'")
+    return bodies
+
+
+def _split_script(text: str) -> tuple[str, str]:
+    """A script's header (the lines before its first directive) and its body (the lines
+    after ``--@include prelude``, directives left out)."""
     lines = text.splitlines()
     first = next(i for i, line in enumerate(lines) if _DIRECTIVE_RE.match(line))
     start = next(i for i, line in enumerate(lines) if line.startswith("--@include prelude"))
     header = "\n".join(lines[:first])
     body = "\n".join(line for line in lines[start + 1 :] if not _DIRECTIVE_RE.match(line))
-    code = "\n".join([prelude, *bodies.values(), body])
-    try:
-        reads = reads_called(code)
-        # the context this build reads, and only that (a name no context field has fails)
-        ordered_context = context_read(code)
-        check_state_fields(code)
-    except ValueError as exc:
-        raise ScriptLoadError(f"{name}: {exc}") from None
-    module = "\n".join(
+    return header, body
+
+
+def _module(
+    code: str, prelude: str, bodies: dict[str, str], reads: list[str], *, full_schema: bool
+) -> str:
+    """A build's library code outside its function: the generated tables (the outcome
+    and delivery ones only if ``code`` uses them), the prelude, then the includes."""
+    return "\n".join(
         [
             lua_status_table(),
             lua_schema(fair=full_schema),
@@ -235,15 +269,9 @@ def assemble(name: str, order: Order | None, read: Reader = _package_reader) -> 
             lua_context_cache(),
             lua_state_tables(),
             _DIRECTIVE_RE.sub(lambda m: "", prelude),
-            *(f"-- include: {inc}\n{bodies[inc]}" for inc in emitted),
+            *(f"-- include: {inc}\n{bodies[inc]}" for inc in bodies),
         ]
     )
-    function = f"fairq_{name}_{order or 'any'}"
-    draft = _library(function, header, module, lua_bindings(ordered_context), body)
-    digest = hashlib.sha1(draft.encode("utf-8")).hexdigest()
-    versioned = f"{function}_{digest[:16]}"
-    library = _library(versioned, header, module, lua_bindings(ordered_context), body)
-    return Source(library, ordered_context, tuple(emitted), versioned)
 
 
 def _library(function: str, header: str, module: str, bindings: str, body: str) -> str:
