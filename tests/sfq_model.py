@@ -31,9 +31,17 @@ a slot; re-checked after :data:`CAP_RECHECK_MS`); the candidate window and disco
 
 The age order of one queue's keyed runs is modelled too (:meth:`SfqModel.dequeue_age`).
 
-Not modelled: TTL expiry, cancel, stale run hashes, total caps, rate limits, borrowing,
-pausing, duration charging, burst factors other than 1, the age-order queues of a
-mixed call, and a tenant named like a key of another tenant.
+The limits under the order are modelled too: a queue's total cap (the queue serves no
+more in the call), token-bucket rate limits of a queue, of every key / tenant and of
+one key / tenant (a flow held back by a rate parks until its next token; the buckets'
+stored text ``tokens:updated`` is part of the compared state), borrowing (flows held
+back by a cap take the slots the call left unused, after the serve, in the order they
+were held back) and charging by run time (``charge = "duration"``: a finished run's
+tenant tag, its copy and its key's tag move by ``(run time / unit - 1) * quantum``
+over the weight, where stored).
+
+Not modelled: TTL expiry, cancel, stale run hashes, pausing, burst factors other than 1,
+the age-order queues of a mixed call, and a tenant named like a key of another tenant.
 
 Two details of the stored representation are part of the observable state and so are
 modelled: a parked tag is stored as text (``'c:'`` / ``'d:'`` + the tag with 17
@@ -105,6 +113,7 @@ class Run:
     tenant: str  # the tenant its enqueue named ('' = none)
     score: int
     ta: str = ""  # the named tenant whose slot it holds while running ('' = none)
+    started: int | None = None  # when its lease began (while running)
 
 
 @dataclass
@@ -125,6 +134,18 @@ class QueueModel:
     kcaps: dict[str, int] = field(default_factory=dict)
     tcaps: dict[str, int] = field(default_factory=dict)
     key_weights: dict[str, float] = field(default_factory=dict)
+    total: int | None = None  # total cap: runs in flight of the whole queue
+    #: rate limits, (runs per second, burst): the queue's, every key's and every
+    #: tenant's by default, and the overrides of one key / tenant
+    rate: tuple[float, int] | None = None
+    key_rate: tuple[float, int] | None = None
+    tenant_rate: tuple[float, int] | None = None
+    key_rates: dict[str, tuple[float, int]] = field(default_factory=dict)
+    tenant_rates: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: the token buckets as stored: 'q' / 't:T' / 'k:F' -> 'tokens:updated_ms'
+    buckets: dict[str, str] = field(default_factory=dict)
+    borrow: bool = False  # capped flows may take the slots nobody else of the call used
+    charge: bool = False  # charge = "duration": a run costs its run time, not a quantum
 
     def head(self, flow: str) -> int | None:
         runs = self.queued.get(flow)
@@ -134,6 +155,10 @@ class QueueModel:
         """Keyed flows with queued runs, (flow, head), in sorted-set order."""
         out = [(f, min(r.values())) for f, r in self.queued.items() if f != KEYLESS and r]
         return sorted(out, key=lambda e: (e[1], e[0]))
+
+    def in_flight(self) -> int:
+        """Runs of the queue in flight, keyed and keyless (for its total cap)."""
+        return sum(len(r) for r in self.inflight.values())
 
     def running(self, flow: str) -> int:
         """Slots the flow holds: its own, or the keyless slots every keyless flow shares."""
@@ -182,6 +207,20 @@ class _Pair:
 
 
 @dataclass
+class _Bucket:
+    """A token bucket as one script tracks it (read once, refilled on its clock)."""
+
+    tokens: float
+    rate: float  # per second
+    dirty: bool = False
+
+    def peek(self, now: int) -> tuple[int, int]:
+        """Whole tokens now, and when the next one arrives (ms)."""
+        whole = math.floor(self.tokens + 1e-9)
+        return whole, now + math.ceil((1 - (self.tokens - whole)) * 1000 / self.rate - 1e-9)
+
+
+@dataclass
 class _Floor:
     value: float
     start: float
@@ -216,6 +255,7 @@ class _Call:
         self.kf: dict[tuple[str, str], list[float | bool]] = {}
         #: (queue, tenant) whose key set got a key in this script
         self.kadded: set[tuple[str, str]] = set()
+        self.buckets: dict[tuple[str, str], _Bucket] = {}
 
 
 @dataclass
@@ -250,8 +290,15 @@ class SfqModel:
     tt: dict[str, float] = field(default_factory=dict)  # V:tt
     tfloor: float | None = None  # V:tt[~floor]
     tw: dict[str, float] = field(default_factory=dict)  # V:tw
+    #: the run time charged as one quantum (queues with ``charge = "duration"``)
+    charge_unit_ms: int = 1_000
     #: how many times a serve read more of a key set than its first entries
     reads_more: int = 0
+    #: how many runs were served by borrowing, and how many held back by a rate
+    borrowed: int = 0
+    rate_held: int = 0
+    #: how many finished runs corrected their charge by their run time
+    charged: int = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -465,16 +512,47 @@ class SfqModel:
         self._place(_Call(now), self.queue(queue), flow, run, score)
 
     def ack(self, run: str, now: int = 0) -> None:
+        """A run finished: charged its run time (``charge``), then its slot freed."""
         self._use_pool(self.queue_pool.get(self.runs[run].queue, "*"))
+        self._charge(self.runs[run], now)
         self._free(_Call(now), run)
         del self.runs[run]
 
     def nack(self, run_id: str, retry_at: int, now: int = 0) -> None:
+        """A run failed and is retried at ``retry_at``: its slot freed, then its run
+        time charged (``charge``)."""
         self._use_pool(self.queue_pool.get(self.runs[run_id].queue, "*"))
         call = _Call(now)
+        ta = self.runs[run_id].ta
         run = self._free(call, run_id)
+        self._charge(run, now, ta)
         run.score = retry_at
         self._place(call, self.queues[run.queue], run.flow, run_id, retry_at)
+
+    def _charge(self, run: Run, now: int, ta: str | None = None) -> None:
+        """``charge = "duration"``: the serve charged one quantum; correct the tags of
+        the run's tenant (where stored: V:tt and its copy in the queue) and of its key
+        in its named tenant's key set by what the run took."""
+        q = self.queues[run.queue]
+        if not q.charge or run.started is None:
+            return
+        tenant = (run.ta if ta is None else ta) or default_tenant(q.name, run.flow)
+        delta = ((now - run.started) / self.charge_unit_ms - 1) * self.quantum
+        if delta == 0:
+            return
+        self.charged += 1
+        weight = self.tw.get(tenant)
+        if weight is None and tenant == run.flow:
+            weight = q.key_weights.get(tenant)
+        tag = self.tt.get(tenant)
+        if tag is not None:
+            tag = tag + delta / (weight or 1.0)
+            self.tt[tenant] = tag
+            if tenant in q.tq:
+                q.tq[tenant] = tag
+        kk = q.keysets.get(tenant) or {}
+        if flow_tenant(run.flow) and run.flow in kk:
+            kk[run.flow] = kk[run.flow] + delta / self._kw(q, run.flow)
 
     def delete_floor(self) -> None:
         self.tfloor = None
@@ -503,6 +581,58 @@ class SfqModel:
                     room, bound = t_room, "tenant"
         return room, bound
 
+    def _total_room(self, q: QueueModel) -> float:
+        """Room left under the queue's total cap."""
+        return INF if q.total is None else q.total - q.in_flight()
+
+    def _bucket(self, call: _Call, q: QueueModel, bid: str, limit: tuple[float, int]) -> _Bucket:
+        """Bucket ``bid`` of q, read once per script and refilled to its clock."""
+        b = call.buckets.get((q.name, bid))
+        if b is None:
+            rate, burst = limit
+            raw = q.buckets.get(bid)
+            tokens, updated = float(burst), call.now
+            if raw is not None:
+                t, u = raw.split(":")
+                tokens, updated = float(t), int(u)
+            if call.now > updated:
+                tokens = min(burst, tokens + (call.now - updated) * rate / 1000)
+            b = call.buckets[(q.name, bid)] = _Bucket(min(tokens, burst), rate)
+        return b
+
+    def _flow_buckets(
+        self, call: _Call, q: QueueModel, flow: str, tenant: str
+    ) -> list[tuple[_Bucket, str]]:
+        """The buckets one flow's runs take from: the queue's, its tenant's, its key's."""
+        out = []
+        if q.rate is not None:
+            out.append((self._bucket(call, q, "q", q.rate), "queue"))
+        tenant_rate = q.tenant_rates.get(tenant) or q.tenant_rate
+        if tenant_rate is not None:
+            out.append((self._bucket(call, q, f"t:{tenant}", tenant_rate), "tenant"))
+        if not keyless_group(flow):
+            key_rate = q.key_rates.get(flow_key(flow)) or q.key_rate
+            if key_rate is not None:
+                out.append((self._bucket(call, q, f"k:{flow}", key_rate), "key"))
+        return out
+
+    @staticmethod
+    def _rate_room(buckets: list[tuple[_Bucket, str]], now: int) -> tuple[float, str, int]:
+        """Runs the buckets allow now, the scope that binds, when its next token comes."""
+        room: float = INF
+        scope, next_at = "", 0
+        for b, where in buckets:
+            whole, at = b.peek(now)
+            if whole < room:
+                room, scope, next_at = whole, where, at
+        return room, scope, next_at
+
+    @staticmethod
+    def _flush_buckets(call: _Call, queues: dict[str, QueueModel]) -> None:
+        for (name, bid), b in call.buckets.items():
+            if b.dirty:
+                queues[name].buckets[bid] = f"{b.tokens:.6f}:{call.now}"
+
     def _claim(
         self, q: QueueModel, flow: str, limit: int, ta: str, now: int, out: list[tuple[str, str]]
     ) -> tuple[int, int | None]:
@@ -512,6 +642,7 @@ class SfqModel:
             del runs[run]
             q.inflight.setdefault(flow, set()).add(run)
             self.runs[run].ta = ta
+            self.runs[run].started = now
             out.append((run, flow))
         if ta and ready:
             q.trunning[ta] = q.trunning.get(ta, 0) + len(ready)
@@ -565,6 +696,8 @@ class SfqModel:
         keysets: dict[tuple[str, str], _Pair] = {}
         out: list[tuple[str, str, str]] = []
         parked_now = False
+        qdone: set[str] = set()  # queues that serve no more in this call
+        lenders: list[tuple[_Pair, str, _Key | None]] = []  # capped flows (borrow)
 
         def pair_of(q: QueueModel, tenant: str, copy: float) -> _Pair:
             p = by_id.get((tenant, q.name))
@@ -592,9 +725,25 @@ class SfqModel:
                     t.weight = 1.0
                 p.ten = t
 
+        def queue_open(q: QueueModel) -> bool:
+            """Whether q may serve in this call (its total cap and rate leave room)."""
+            if q.name in qdone:
+                return False
+            full = self._total_room(q) <= 0
+            limited = (
+                not full
+                and q.rate is not None
+                and self._bucket(call, q, "q", q.rate).peek(now)[0] < 1
+            )
+            if full or limited:
+                qdone.add(q.name)
+            return q.name not in qdone
+
         def gather() -> int:
             before = len(plist)
             for q in queues:
+                if not queue_open(q):
+                    continue
                 self._promote_due(call, q, now)
                 width = budget * self.window
                 for tenant, copy in sorted(q.tq.items(), key=lambda e: (e[1], e[0]))[:width]:
@@ -758,7 +907,7 @@ class SfqModel:
         def serve_pairs() -> None:
             nonlocal served
             while served < budget:
-                cands = [c for c in plist if c.active]
+                cands = [c for c in plist if c.active and c.q.name not in qdone]
                 if not cands:
                     break
                 p = min(cands, key=pair_key)
@@ -779,6 +928,10 @@ class SfqModel:
                 per_key = self.max_per_key or budget
                 sid = (q.name, flow)
                 want = min(budget - served, per_key - served_of.get(sid, 0))
+                total = self._total_room(q)
+                if total <= 0:
+                    qdone.add(q.name)
+                    continue
                 room, bound = self._room(q, flow, p.tenant, named)
                 assert p.ten is not None and p.ten.tag is not None and p.ten.weight is not None
                 if room <= 0:
@@ -794,14 +947,30 @@ class SfqModel:
                             kc.active = False
                         else:
                             p.active = False
-                    elif bound == "key" and not p.simple:
-                        assert kc is not None
-                        park_key(p, kc, None)
                     else:
-                        p.active = False
-                        park_pair(p, None)
+                        if bound == "key" and not p.simple:
+                            assert kc is not None
+                            park_key(p, kc, None)
+                        else:
+                            p.active = False
+                            park_pair(p, None)
+                        if q.borrow:
+                            lenders.append((p, flow, kc))
                     continue
-                take = int(min(want, room))
+                buckets = self._flow_buckets(call, q, flow, p.tenant)
+                rate, scope, next_at = self._rate_room(buckets, now)
+                if rate <= 0:
+                    self.rate_held += 1
+                    if scope == "queue":
+                        qdone.add(q.name)
+                    elif scope == "tenant" or p.simple:
+                        p.active = False
+                        park_pair(p, next_at)
+                    else:
+                        assert kc is not None
+                        park_key(p, kc, next_at)
+                    continue
+                take = int(min(want, room, total, rate))
                 if take <= 0:  # this flow had its share of the call (max_per_key)
                     if kc is not None:
                         kc.active = False
@@ -821,6 +990,9 @@ class SfqModel:
                 claimed: list[tuple[str, str]] = []
                 got, head = self._claim(q, flow, run, p.tenant if named else "", now, claimed)
                 out.extend((r, q.name, f) for r, f in claimed)
+                for b, _ in buckets:
+                    b.tokens -= got
+                    b.dirty = True
                 if got > 0:
                     served += got
                     served_of[sid] = served_of.get(sid, 0) + got
@@ -852,6 +1024,35 @@ class SfqModel:
                     else:
                         p.active = False
 
+        def borrow_idle_slots() -> None:
+            """Capped flows (of queues with ``borrow``) take the slots nobody else of the
+            call could use, in the order they were held back; rates and total caps still
+            hold."""
+            nonlocal served
+            for p, flow, kc in lenders:
+                if served >= budget:
+                    break
+                q = p.q
+                total = self._total_room(q)
+                if total <= 0:
+                    continue
+                buckets = self._flow_buckets(call, q, flow, p.tenant)
+                rate, _, _ = self._rate_room(buckets, now)
+                take = int(min(budget - served, total, rate))
+                if take <= 0:
+                    continue
+                claimed: list[tuple[str, str]] = []
+                ta = p.tenant if flow_tenant(flow) is not None else ""
+                got, _ = self._claim(q, flow, take, ta, now, claimed)
+                out.extend((r, q.name, f) for r, f in claimed)
+                for b, _ in buckets:
+                    b.tokens -= got
+                    b.dirty = True
+                if got > 0:
+                    served += got
+                    self.borrowed += got
+                    advance(p, kc, got)
+
         for rnd in range(3):
             parked_now = False
             if gather() == 0 and rnd > 0:
@@ -859,6 +1060,8 @@ class SfqModel:
             serve_pairs()
             if served >= budget or not parked_now:
                 break
+        borrow_idle_slots()
+        self._flush_buckets(call, self.queues)
 
         # write back (only when the floor was read: else nothing was a candidate): V:tt
         # with the floor (pruned below it on a tick), the copies (only where still

@@ -3,9 +3,11 @@ and the membership closure invariant, on seeded random workloads.
 
 Ported to the two-level order: one environment with several queues, named and default
 tenants, keyless runs, key and tenant weights, key / tenant / queue caps, tenant
-changes and the loss of the floor key. After EVERY operation the served (run, queue,
+changes and the loss of the floor key; in some seeds rate limits, total caps,
+borrowing and charging by run time. After EVERY operation the served (run, queue,
 key, tenant) sequence and the stored order state (V:tt with its ~floor, per queue B:tq,
-B:park, B:parkdue and the key sets with their ~floor) must equal the model's exactly.
+B:park, B:parkdue, the token buckets and the key sets with their ~floor) must equal the
+model's exactly.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class Options:
     keys: int = 10  # concurrency keys in use
     named: float = 0.6  # share of keys that start in a named tenant
     max_count: int = 10  # a dequeue asks for 1 to this many runs
+    #: the limits under the order too: rate limits (queue, key, tenant: defaults and
+    #: overrides), total caps and borrowing, changed at random
+    limits: bool = False
+    charge: bool = False  # every queue charges by run time (charge = "duration")
 
 
 def model_pool(model: SfqModel) -> int:
@@ -68,6 +74,7 @@ async def read_state(
             pipe.zrange(q.ready_tenants, 0, -1, withscores=True)
             pipe.hgetall(q.parked)
             pipe.zrange(q.parked_due, 0, -1, withscores=True)
+            pipe.hgetall(q.buckets)
             for t in TENANTS:
                 pipe.zrange(q.tenant_keys(K.encode_tenant(t)), 0, -1, withscores=True)
 
@@ -78,6 +85,7 @@ async def read_state(
         out[f"{name}.tq"] = {s(m): float(v) for m, v in next(replies)}
         out[f"{name}.park"] = {s(k): s(v) for k, v in next(replies).items()}
         out[f"{name}.parkdue"] = {s(m): int(float(v)) for m, v in next(replies)}
+        out[f"{name}.buckets"] = {s(k): s(v) for k, v in next(replies).items()}
         floors = out[f"{name}.kfloor"] = {}
         for t in TENANTS:
             keys = {s(m): float(v) for m, v in next(replies)}
@@ -95,6 +103,7 @@ def model_state(model: SfqModel, queues: tuple[str, ...]) -> dict[str, Any]:
         out[f"{name}.tq"] = dict(q.tq)
         out[f"{name}.park"] = dict(q.park)
         out[f"{name}.parkdue"] = dict(q.parkdue)
+        out[f"{name}.buckets"] = dict(q.buckets)
         out[f"{name}.kfloor"] = dict(q.kfloor)
         for t in TENANTS:
             if q.keysets.get(t):
@@ -107,6 +116,74 @@ def delivered(batch: list[Delivery]) -> list[tuple[str, str, str, str]]:
     return [
         (d.run_id, d.queue, flow_of(d.concurrency_key, d.tenant), d.tenant or "") for d in batch
     ]
+
+
+#: rate limits a workload sets (runs per second, burst): about as fast as the runs
+#: arrive, so they bind now and then
+RATES: dict[str, list[float]] = {
+    "queue": [150.0, 300.0, 600.0],
+    "key": [20.0, 50.0, 100.0],
+    "tenant": [40.0, 100.0, 250.0],
+}
+
+
+async def change_limit(
+    rq: RunQueue,
+    env: Environment,
+    model: SfqModel,
+    rng: random.Random,
+    queues: list[str],
+    keys: list[str],
+) -> str:
+    """One random change of the limits under the order (in the store and the model):
+    a rate limit (a queue's, every key's / tenant's, or one key's / tenant's, set or
+    removed), a total cap, or borrowing on / off. Returns the kind of change."""
+    queue = rng.choice(queues)
+    q = model.queue(queue)
+    which = rng.random()
+    if which < 0.1:
+        q.borrow = rng.random() < 0.7
+        await rq.set_queue_options(env, queue, borrow=True if q.borrow else None)
+        return "borrow"
+    if which < 0.25:
+        total = rng.choice([None, None, 3, 5, 8])
+        await rq.set_queue_total_concurrency(env, queue, total)
+        q.total = total
+        return "total"
+    if which < 0.45:  # low caps: the flows borrowing lends slots to
+        cap = rng.choice([None, 1, 1, 2])
+        if rng.random() < 0.5:
+            key = rng.choice(keys)
+            await rq.set_key_concurrency(env, queue, key, cap)
+            q.kcaps.pop(key, None) if cap is None else q.kcaps.__setitem__(key, cap)
+        else:
+            t = rng.choice(TENANTS)
+            await rq.set_tenant_concurrency(env, queue, t, cap)
+            q.tcaps.pop(t, None) if cap is None else q.tcaps.__setitem__(t, cap)
+        return "cap"
+    scope = rng.choice(["queue", "key", "tenant", "one key", "one tenant", "one tenant"])
+    per_second = rng.choice(RATES[scope.removeprefix("one ")])
+    burst = rng.randint(1, 3)
+    limit = None if rng.random() < 0.25 else (per_second, burst)
+    rate = None if limit is None else per_second
+    if scope == "one key":
+        key = rng.choice(keys)
+        await rq.set_rate_limit(env, queue, rate, burst=burst, key=key)
+        q.key_rates.pop(key, None) if limit is None else q.key_rates.__setitem__(key, limit)
+    elif scope == "one tenant":
+        tenant = rng.choice([*TENANTS, *keys[:3]])  # a key is its own tenant by default
+        await rq.set_rate_limit(env, queue, rate, burst=burst, tenant=tenant)
+        if limit is None:
+            q.tenant_rates.pop(tenant, None)
+        else:
+            q.tenant_rates[tenant] = limit
+    elif scope == "queue":
+        await rq.set_rate_limit(env, queue, rate, burst=burst)
+        q.rate = limit
+    else:
+        await rq.set_rate_limit(env, queue, rate, burst=burst, per=scope)  # type: ignore[arg-type]
+        setattr(q, f"{scope}_rate", limit)
+    return "rate"
 
 
 async def run_workload(
@@ -131,10 +208,25 @@ async def run_workload(
     counts: dict[str, int] = {}
     now = T0
     counter = 0
+    if opts.limits:
+        for queue in queues:
+            await rq.set_queue_options(env, queue, borrow=True)
+            model.queue(queue).borrow = True
+    if opts.charge:
+        for queue in queues:
+            await rq.set_queue_options(env, queue, charge="duration")
+            model.queue(queue).charge = True
     for step in range(steps):
         now += rng.randint(1, 5)
-        op = rng.random()
         where = f"step {step}"
+        if opts.limits and rng.random() < 0.06:
+            kind = await change_limit(rq, env, model, rng, queues, keys)
+            counts[kind] = counts.get(kind, 0) + 1
+            if compare_state:
+                stored = await read_state(rq, env, opts.queues, model_pool(model))
+                assert stored == model_state(model, opts.queues), f"{where} ({kind})"
+            continue
+        op = rng.random()
         if op < 0.33:
             kind = "enqueue"
             for _ in range(rng.randint(1, 4)):
@@ -241,11 +333,21 @@ SEEDS: list[tuple[int, Options]] = [
     # the serve reads more of a key set, past its first entries, again and again
     (10, Options(keys=120, named=1.0, env_limit=200, max_per_key=1, max_count=30)),
     (11, Options(keys=150, named=1.0, env_limit=200, quantum=0.5, max_count=30)),
+    # the limits under the order: rates (parking until the next token), total caps,
+    # borrowing; and charging by run time
+    (12, Options(limits=True, env_limit=30)),
+    (13, Options(limits=True, charge=True, env_limit=30)),
+    (14, Options(limits=True, keys=40, named=0.95, env_limit=40)),
+    (15, Options(charge=True, max_per_key=2, join="behind_leader")),
+    (16, Options(limits=True, charge=True, queues=("q0", "q1"), env_limit=40, max_count=20)),
 ]
 #: the seeds whose tenants hold more keys than a serve reads first: at least how many times
 #: their serves read more of a key set
 MANY_KEYS = {9: 3, 10: 10, 11: 5}
 STEPS = 1500
+#: the run time charged as one quantum where queues charge by run time (runs here take
+#: a few to a few hundred ms of the logical clock)
+CHARGE_UNIT_MS = 25
 
 
 @pytest.mark.parametrize(("seed", "opts"), SEEDS, ids=[f"seed{s}" for s, _ in SEEDS])
@@ -255,26 +357,36 @@ async def test_lua_fair_order_matches_reference_model(
     """Given 1500 random operations (enqueues on random keys / tenants / queues with past
     and future scores, dequeues over all or some queues with random max_count, acks,
     nacks with retry times, cap, weight and tenant changes, loss of the floor key, clock
-    jumps past the cap parks' re-check), the
+    jumps past the cap parks' re-check; in some seeds also rate limits of queues, keys
+    and tenants, total caps, borrowing and charging by run time), the
     Lua serves exactly the model's (run, queue, key, tenant) sequence and leaves exactly
-    the model's stored state after every operation. 11 seeds: 16,500 operations; where
-    tenants hold many keys, the serves read more of their key sets many times."""
+    the model's stored state (the token buckets included) after every operation.
+    16 seeds: 24,000 operations; where tenants hold many keys, the serves read more of
+    their key sets many times; where limits change, rates hold runs back and capped
+    flows borrow; where queues charge by run time, finished runs correct their tags."""
     started = time.monotonic()
     rq = await make_queue(
         vtime={"enabled": True, "quantum": opts.quantum, "scan_window_multiplier": opts.window,
-               "join_policy": opts.join, "arrival_cap": opts.arrival_cap},
+               "join_policy": opts.join, "arrival_cap": opts.arrival_cap,
+               "charge_unit_ms": CHARGE_UNIT_MS},
         max_per_key_per_call=opts.max_per_key,
     )  # fmt: skip
     await rq.set_env_limits(env, concurrency=opts.env_limit)
     model = SfqModel(
         env_limit=opts.env_limit, quantum=opts.quantum, window=opts.window, join=opts.join,
         arrival_cap=opts.arrival_cap, max_per_key=opts.max_per_key,
+        charge_unit_ms=CHARGE_UNIT_MS,
     )  # fmt: skip
     counts = await run_workload(rq, env, model, opts, random.Random(seed), STEPS)
     assert counts["served"] > 400, counts
     assert min(counts.get(k, 0) for k in ("cap", "weight", "tenant", "nack")) > 10, counts
     if seed in MANY_KEYS:
         assert model.reads_more >= MANY_KEYS[seed], (seed, model.reads_more)
+    if opts.limits:
+        assert min(counts.get(k, 0) for k in ("rate", "total", "borrow")) > 3, counts
+        assert model.rate_held > 20 and model.borrowed > 5, (model.rate_held, model.borrowed)
+    if opts.charge:
+        assert model.charged > 200, model.charged
     assert time.monotonic() - started < 30
 
 
