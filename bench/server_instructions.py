@@ -85,7 +85,6 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
     number of operations measured."""
     from fairq import Fairq, RetryPolicy, RunQueueConfig
     from fairq.keys import Environment
-    from fairq.models import EnqueueRequest
     from fairq.server import connect
     from fairq.store import RunQueue
 
@@ -129,13 +128,7 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
         await connect(url), config.with_vtime(enabled=order == "fair"), rng=random.Random(1)
     )
     env = Environment("bench", "p", "e")
-    requests = [
-        EnqueueRequest(env, "bench", f"r{i}", {"i": i}, f"k{i % keys}", available_at_ms=T0 + i,
-                       tenant=f"t{i % keys % tenants}" if tenants else None)
-        for i in range(n)
-    ]  # fmt: skip
-    for i in range(0, n, 1000):
-        await rq.enqueue_many(requests[i : i + 1000], now_ms=T0)
+    await load_keyed(rq, env, n, keys, tenants)
     done = batches = 0
     while done < n:
         if batches == WARM_OPS:
@@ -149,6 +142,20 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
     _instrument(pid, False)
     await rq.close()
     return batches - WARM_OPS
+
+
+async def load_keyed(rq: Any, env: Any, n: int, keys: int, tenants: int) -> None:
+    """Queue ``n`` runs of queue ``bench`` on ``keys`` keys owned by ``tenants`` named
+    tenants (0: each key its own), run i due at T0 + i (the keyed workloads' data)."""
+    from fairq.models import EnqueueRequest
+
+    requests = [
+        EnqueueRequest(env, "bench", f"r{i}", {"i": i}, f"k{i % keys}", available_at_ms=T0 + i,
+                       tenant=f"t{i % keys % tenants}" if tenants else None)
+        for i in range(n)
+    ]  # fmt: skip
+    for i in range(0, n, 1000):
+        await rq.enqueue_many(requests[i : i + 1000], now_ms=T0)
 
 
 async def _spread_client(workload: str, n: int, url: str, pid: int) -> int:

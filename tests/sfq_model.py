@@ -66,6 +66,10 @@ CAP_RECHECK_MS = 30_000
 FLOOR_MEMBER = "~floor"
 #: Entries of a key set a dequeue reads first (twice as many each time it needs more).
 KEYS_LOADED = 6
+#: At most this many gather-and-serve rounds per dequeue call.
+MAX_ROUNDS = 16
+#: A gather reads at least this many copies of a queue's B:tq first.
+FIRST_READ = 8
 
 
 def flow_of(key: str | None, tenant: str | None) -> str:
@@ -146,6 +150,8 @@ class QueueModel:
     buckets: dict[str, str] = field(default_factory=dict)
     borrow: bool = False  # capped flows may take the slots nobody else of the call used
     charge: bool = False  # charge = "duration": a run costs its run time, not a quantum
+    #: the config flag: discovery lately registered flows (read every head it may)
+    unregistered: bool = False
 
     def head(self, flow: str) -> int | None:
         runs = self.queued.get(flow)
@@ -697,6 +703,10 @@ class SfqModel:
         out: list[tuple[str, str, str]] = []
         parked_now = False
         qdone: set[str] = set()  # queues that serve no more in this call
+        widths: dict[str, int] = {}  # queue -> how many of its B:tq entries gathers read
+        bounds: dict[str, float] = {}  # queue -> no pair it did not read has a lower copy
+        tq_bound = INF  # the least of the last gather's bounds
+        widen = False  # the last round stopped to read more candidates
         lenders: list[tuple[_Pair, str, _Key | None]] = []  # capped flows (borrow)
 
         def pair_of(q: QueueModel, tenant: str, copy: float) -> _Pair:
@@ -739,41 +749,77 @@ class SfqModel:
                 qdone.add(q.name)
             return q.name not in qdone
 
+        def adopt_discovered(q: QueueModel, disc: list[tuple[str, int]], adopt: int) -> bool:
+            """Discovered heads (and the keyless head): flows nothing registered join (and
+            are candidates), a registered pair not yet a candidate only among the first
+            ``adopt``. Returns whether one joined."""
+            flows = [f for f, _ in disc]
+            found: dict[str, float] = {f: float(h) for f, h in disc}
+            if q.name in heads:
+                flows.append(KEYLESS)
+                found[KEYLESS] = float(heads[q.name])
+            unknown: list[tuple[str, str, int]] = []
+            for i, f in enumerate(flows):
+                tenant = default_tenant(q.name, f)
+                p = by_id.get((tenant, q.name))
+                if p is None:
+                    unknown.append((tenant, f, i))
+                else:
+                    p.disc[f] = found[f]
+                    p.tie = min(p.tie, found[f])
+            fresh = False
+            scores = [q.tq.get(t) for t, _, _ in unknown]
+            for (tenant, f, i), score in zip(unknown, scores, strict=True):
+                joins = i < adopt or f == KEYLESS
+                if score is None and f"k:{f}" not in q.park and f"t:{tenant}" not in q.park:
+                    if flow_tenant(f):
+                        self._register_key(call, q, tenant, f)
+                    self._register_pair(call, q, tenant)
+                    score = q.tq.get(tenant)
+                    joins = fresh = True
+                if score is not None and joins:
+                    p = pair_of(q, tenant, score)
+                    p.disc[f] = found[f]
+                    p.tie = min(p.tie, found[f])
+            return fresh
+
+        def discover(q: QueueModel, width: int, most: int) -> None:
+            """Discovery: ``adopt`` heads, or all it may read while the queue's flag says
+            reads lately registered flows (then on to them when this one did)."""
+            full = max(most, 3 * budget)
+            adopt = min(max(width, math.ceil(3 * width / self.window)), full)
+            first = full if q.unregistered else adopt
+            ready = [e for e in q.ck_index() if e[1] <= now]
+            fresh = adopt_discovered(q, ready[:first], adopt)
+            read_all = len(ready) < first
+            if fresh and not read_all and first < full:
+                adopt_discovered(q, ready[:full], adopt)
+                first = full
+            if fresh != q.unregistered and (fresh or read_all or first == full):
+                q.unregistered = fresh
+
         def gather() -> int:
+            """Candidates of every open queue: its lowest ``width`` copies (``budget`` + 1
+            at first, at least FIRST_READ, twice as many each time the call must read
+            more, up to budget x window), and as many of its discovered heads (3 x width /
+            window with a window under 3); when a flow among those joined, its heads on to
+            max(budget x window, 3 x budget) (see ``adopt_discovered``)."""
+            nonlocal tq_bound
             before = len(plist)
+            tq_bound = INF
             for q in queues:
                 if not queue_open(q):
                     continue
                 self._promote_due(call, q, now)
-                width = budget * self.window
-                for tenant, copy in sorted(q.tq.items(), key=lambda e: (e[1], e[0]))[:width]:
+                most = budget * self.window
+                first = max(budget + 1, FIRST_READ)
+                width = widths[q.name] = min(widths.get(q.name, first), most)
+                win = sorted(q.tq.items(), key=lambda e: (e[1], e[0]))[:width]
+                for tenant, copy in win:
                     pair_of(q, tenant, copy)
-                disc = [e for e in q.ck_index() if e[1] <= now][: max(width, 3 * budget)]
-                flows = [f for f, _ in disc]
-                found: dict[str, float] = {f: float(h) for f, h in disc}
-                if q.name in heads:
-                    flows.append(KEYLESS)
-                    found[KEYLESS] = float(heads[q.name])
-                unknown: list[tuple[str, str]] = []
-                for f in flows:
-                    tenant = default_tenant(q.name, f)
-                    p = by_id.get((tenant, q.name))
-                    if p is None:
-                        unknown.append((tenant, f))
-                    else:
-                        p.disc[f] = found[f]
-                        p.tie = min(p.tie, found[f])
-                scores = [q.tq.get(t) for t, _ in unknown]
-                for (tenant, f), score in zip(unknown, scores, strict=True):
-                    if score is None and f"k:{f}" not in q.park and f"t:{tenant}" not in q.park:
-                        if flow_tenant(f):
-                            self._register_key(call, q, tenant, f)
-                        self._register_pair(call, q, tenant)
-                        score = q.tq.get(tenant)
-                    if score is not None:
-                        p = pair_of(q, tenant, score)
-                        p.disc[f] = found[f]
-                        p.tie = min(p.tie, found[f])
+                bounds[q.name] = win[-1][1] if width < most and len(win) == width else INF
+                tq_bound = min(tq_bound, bounds[q.name])
+                discover(q, width, most)
             if len(plist) > before:
                 attach(before)
             return len(plist) - before
@@ -905,12 +951,16 @@ class SfqModel:
                 kc.touched = True
 
         def serve_pairs() -> None:
-            nonlocal served
+            """The SFQ loop; it stops (``widen``) when the best pair's tag passes what the
+            gather read, or nobody is left while a queue was not read to its end."""
+            nonlocal served, widen
+            widen = False
             while served < budget:
                 cands = [c for c in plist if c.active and c.q.name not in qdone]
-                if not cands:
+                p = min(cands, key=pair_key) if cands else None
+                if p is None or pair_key(p)[0] > tq_bound:
+                    widen = tq_bound < INF
                     break
-                p = min(cands, key=pair_key)
                 others = [c for c in cands if c.tenant != p.tenant]
                 second = min(others, key=pair_key) if others else None
                 q = p.q
@@ -983,6 +1033,8 @@ class SfqModel:
                     assert second.ten is not None and second.ten.tag is not None
                     k = max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
                     run = min(run, k)
+                if tq_bound < INF:  # a pair not read yet may have a copy from here on
+                    run = min(run, max(1, math.ceil((tq_bound - p.ten.tag) / step - 1e-9)))
                 if kc is not None and kc2 is not None:
                     kstep = self.quantum / kc.weight
                     k = max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
@@ -1053,13 +1105,17 @@ class SfqModel:
                     self.borrowed += got
                     advance(p, kc, got)
 
-        for rnd in range(3):
+        for rnd in range(MAX_ROUNDS):
             parked_now = False
-            if gather() == 0 and rnd > 0:
+            if gather() == 0 and rnd > 0 and not widen:
                 break
             serve_pairs()
-            if served >= budget or not parked_now:
+            if served >= budget or not (parked_now or widen):
                 break
+            if widen:  # twice the width of every queue not read to its end
+                for name, b in bounds.items():
+                    if b < INF:
+                        widths[name] *= 2
         borrow_idle_slots()
         self._flush_buckets(call, self.queues)
 

@@ -120,6 +120,9 @@ QUEUE_OPTIONS: Final[dict[str, Option]] = {
     "overrides": Option("flag", internal=True, help="the queue has cap or rate overrides"),
     "named": Option("flag", internal=True, help="some flow of the queue has a named tenant"),
     "parked": Option("flag", internal=True, help="the fair order parked something of the queue"),
+    "unregistered": Option(
+        "flag", internal=True, help="the fair order's discovery found flows nothing registered"
+    ),
     "priority_levels": Option(
         "int", 1, 9, help="priority levels (1 is the highest; a run defaults to the middle one)"
     ),

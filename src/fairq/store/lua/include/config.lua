@@ -55,6 +55,7 @@ local function queue_config(X, env, name, raw, offset)
     overrides = q.overrides or false,
     named = q.named or false,
     parked = q.parked or false,
+    unregistered = q.unregistered or false,
     tenants_weighted = e.weights or false,
     order = q.order or e.order or C.default_order,
     max_per_key = q.max_per_key or e.max_per_key or default_per_key,

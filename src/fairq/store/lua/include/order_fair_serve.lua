@@ -20,8 +20,12 @@ do
   --- first time its tenant is served in a call (most tenants are served once per call).
   local KEYS_SCANNED = 16
   --- At most this many gather-and-serve rounds per call (each round after the first needs
-  --- the previous one to have parked something).
+  --- the previous one to have parked something, or to have found that it must read more of
+  --- a queue's candidates).
   local MAX_ROUNDS = 16
+  --- A gather reads at least this many copies of a queue's B:tq first (a small call would
+  --- otherwise read again for every pair it serves).
+  local FIRST_READ = 8
 
   -- Raise the floor to `value` (it never decreases).
   function E.tenant_floor_raise(X, V, value)
@@ -146,6 +150,10 @@ do
       loaded = {},         -- the pairs whose key sets this call read
       lenders = {},        -- {p, flow, kc} held back by a cap of a queue that lends
       heap = false,        -- the active pairs by (tenant tag, tie, names); see serve_round
+      widths = {},         -- B -> how many of its B:tq entries the gathers read (see gather)
+      bounds = {},         -- B -> no pair of B:tq it did not read has a lower copy
+      bound = math.huge,   -- the least of the last gather's bounds (see serve_round)
+      widen = false,       -- the last round stopped to read more candidates
     }, SERVE_STATE_META)
   end
 
@@ -221,15 +229,16 @@ do
     return not F.qdone[Q.OB]
   end
 
-  -- The queue's longest-waiting ready heads, and its keyless head: the flows and their
-  -- heads (whatever their names: a flow nothing registered, after a cold start or an
-  -- age-order enqueue, is found here).
+  -- The queue's `width` longest-waiting ready heads, and its keyless head: the flows and
+  -- their heads (whatever their names: a flow nothing registered, after a cold start or
+  -- an age-order enqueue, is found here), and whether that was every ready head.
   function E.discover_heads(F, Q, width)
     local X = F.X
     ck_index_flush(X)
     local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.OB, 'ck_index'), '-inf', X.now,
-      'WITHSCORES', 'LIMIT', 0, math.max(width, 3 * F.budget))
+      'WITHSCORES', 'LIMIT', 0, width)
     local flows, found = {}, {} -- found[i]: the head of flows[i]
+    local all = #disc < 2 * width -- every ready head was read
     for i = 1, #disc, 2 do
       local j = #flows + 1
       flows[j] = disc[i]
@@ -240,12 +249,13 @@ do
       flows[j] = KEYLESS_FLOW
       found[j] = F.heads[Q.name]
     end
-    return flows, found
+    return flows, found, all
   end
 
   -- Discovered flows whose pair is not a candidate yet: registered by the join rules
-  -- (unless parked), then candidates.
-  function E.adopt_discovered(F, Q, flows, found)
+  -- (unless parked), then candidates; a registered one only among the first `adopt`
+  -- (the keyless head always). Returns whether it registered any.
+  function E.adopt_discovered(F, Q, flows, found, adopt)
     local X = F.X
     local unknown, unknown_at = {}, {}
     for i, flow in ipairs(flows) do
@@ -258,19 +268,23 @@ do
         E.note_head(p, flow, found[i])
       end
     end
-    if #unknown == 0 then return end
+    if #unknown == 0 then return false end
+    local fresh = false
     local scores = call_list('ZMSCORE', queue_key(Q.OB, 'ready_tenants'), unknown)
     for i, T in ipairs(unknown) do
       local at = unknown_at[i]
       local flow = flows[at]
       local score = tonumber(scores[i])
+      local joins = at <= adopt or flow == KEYLESS_FLOW
       if score == nil and not is_parked(X, Q, 'k:' .. flow) and not is_parked(X, Q, 't:' .. T) then
         if flow_tenant(flow) then register_key(X, Q, T, flow) end
         register_pair(X, Q, T)
         score = tonumber(redis.call('ZSCORE', queue_key(Q.OB, 'ready_tenants'), T))
+        joins, fresh = true, true
       end
-      if score ~= nil then E.note_head(E.pair_of(F, Q, T, score), flow, found[at]) end
+      if score ~= nil and joins then E.note_head(E.pair_of(F, Q, T, score), flow, found[at]) end
     end
+    return fresh
   end
 
   -- The tenant records of the pairs from `first` on: authoritative tag (V:tt, else the
@@ -331,23 +345,72 @@ do
     end
   end
 
-  -- Phase 1: one round of candidates from every open queue (the lowest budget x window
-  -- copies of B:tq, and the discovered heads), with their tenants. Returns how many new
-  -- pairs it found.
+  -- Phase 1: one round of candidates from every open queue (the lowest copies of B:tq,
+  -- and the discovered heads), with their tenants. A call reads `budget` + 1 copies of a
+  -- queue first (at least FIRST_READ) and twice as many each time it must read more (E.widen), up to budget x
+  -- window; until it read them all, no pair it did not read has a copy below the queue's
+  -- bound. Discovery reads as many heads (3 x width / window with a window under 3): a
+  -- flow among them that nothing registered joins, a registered pair beyond the window is
+  -- a candidate too. When one of them joined (a cold start, an age-order enqueue: there
+  -- may be more), it reads on to max(budget x window, 3 x budget) heads, where every flow
+  -- nothing registered joins, but no further registered pair is a candidate (E.discover).
+  -- Returns how many new pairs it found.
   function E.gather(F)
     local before = #F.plist
+    F.bound = math.huge
     for _, Q in ipairs(F.queues) do
       if E.queue_open(F, Q) then
         E.promote_due(F.X, Q, F.R)
-        local width = F.budget * Q.window
+        local most = F.budget * Q.window
+        local width = math.min(F.widths[Q.OB] or math.max(F.budget + 1, FIRST_READ), most)
+        F.widths[Q.OB] = width
         local win = redis.call('ZRANGE', queue_key(Q.OB, 'ready_tenants'), 0, width - 1,
           'WITHSCORES')
         for i = 1, #win, 2 do E.pair_of(F, Q, win[i], tonumber(win[i + 1])) end
-        E.adopt_discovered(F, Q, E.discover_heads(F, Q, width))
+        local bound = math.huge
+        if width < most and #win == 2 * width then bound = tonumber(win[#win]) end
+        F.bounds[Q.OB] = bound
+        if bound < F.bound then F.bound = bound end
+        E.discover(F, Q, width, most)
       end
     end
     if #F.plist > before then E.attach_tenants(F, before + 1) end
     return #F.plist - before
+  end
+
+  -- Discovery for a gather that read `width` of Q's copies (see gather). While the last
+  -- reads registered flows (the queue's `unregistered` flag: a cold start, an age-order
+  -- enqueue), every call reads all max(budget x window, 3 x budget) heads; the flag goes
+  -- when such a read registers nothing.
+  function E.discover(F, Q, width, most)
+    local full = math.max(most, 3 * F.budget)
+    local adopt = math.min(math.max(width, math.ceil(3 * width / Q.window)), full)
+    local first = Q.unregistered and full or adopt
+    local flows, found, all = E.discover_heads(F, Q, first)
+    local fresh = E.adopt_discovered(F, Q, flows, found, adopt)
+    if fresh and not all and first < full then
+      flows, found = E.discover_heads(F, Q, full)
+      E.adopt_discovered(F, Q, flows, found, adopt)
+      first = full
+    end
+    if fresh ~= Q.unregistered and (fresh or all or first == full) then
+      local field = config_field(Q.name, 'unregistered')
+      if fresh then
+        redis.call('HSET', env_key(Q.V, 'config'), field, 1)
+      else
+        redis.call('HDEL', env_key(Q.V, 'config'), field)
+      end
+      Q.unregistered = fresh
+    end
+  end
+
+  -- More candidates next gather: twice the width of every queue not read to its end.
+  function E.widen(F)
+    for _, Q in ipairs(F.queues) do
+      if F.bounds[Q.OB] ~= nil and F.bounds[Q.OB] < math.huge then
+        F.widths[Q.OB] = 2 * F.widths[Q.OB]
+      end
+    end
   end
 
   -- ------------------------------------------------------------------ keys of a pair
@@ -708,11 +771,15 @@ do
   -- How many runs pair p (key kc) takes before its start tag passes the next tenant's
   -- (`second`) or, inside the tenant, the next key's (`kc2`), at most `take`. A tie is
   -- settled by the next pick, with the new heads.
-  function E.run_length(p, kc, kc2, second, take)
+  function E.run_length(p, kc, kc2, second, take, bound)
     local run = take
     local step = p.Q.quantum / p.ten.weight
     if second ~= nil then
       local k = math.max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
+      if k < run then run = k end
+    end
+    if bound < math.huge then -- a pair not read yet may have a copy from here on
+      local k = math.max(1, math.ceil((bound - p.ten.tag) / step - 1e-9))
       if k < run then run = k end
     end
     if kc ~= nil and kc2 ~= nil then
@@ -782,21 +849,27 @@ do
     if take <= 0 then
       E.hold_back(F, p, kc, flow, named, why, next_at)
     else
-      E.serve_flow(F, p, kc, flow, E.run_length(p, kc, kc2, second, take), buckets, sid)
+      E.serve_flow(F, p, kc, flow, E.run_length(p, kc, kc2, second, take, F.bound), buckets,
+        sid)
     end
     return kc
   end
 
   -- Phase 2: the SFQ loop over the active pairs, until the budget is spent or nobody is
-  -- left.
+  -- left; or until the best pair's tag passes what the gather read (F.bound) or nobody is
+  -- left while a queue was not read to its end: then it sets F.widen (read more first).
   function E.serve_round(F)
     F.heap = heap_new(E.pair_less)
+    F.widen = false
     for _, c in ipairs(F.plist) do
       if E.live(F, c) then heap_push(F.heap, E.keyed(c)) end
     end
     while F.served < F.budget do
       local p = E.pop_best(F)
-      if p == nil then break end
+      if p == nil or p.ten.tag > F.bound then
+        F.widen = F.bound < math.huge
+        break
+      end
       local kc = E.serve_pick(F, p, E.peek_other(F, p.T))
       -- the key taken from the pair's key heap goes back while it is still active
       if kc ~= nil and kc.active and p.kheap then heap_push(p.kheap, kc) end
@@ -907,10 +980,11 @@ do
     local parked_any = false
     for round = 1, MAX_ROUNDS do
       X.parked_now = false
-      if E.gather(F) == 0 and round > 1 then break end
+      if E.gather(F) == 0 and round > 1 and not F.widen then break end
       E.serve_round(F)
       parked_any = parked_any or X.parked_now
-      if F.served >= budget or not X.parked_now then break end
+      if F.served >= budget or not (X.parked_now or F.widen) then break end
+      if F.widen then E.widen(F) end
     end
     -- still nothing served but candidates were parked: more may lie behind them, so the
     -- caller should come back at once rather than sleep
