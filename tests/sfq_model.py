@@ -305,6 +305,10 @@ class SfqModel:
     rate_held: int = 0
     #: how many finished runs corrected their charge by their run time
     charged: int = 0
+    #: how many flows discovery registered, and how many calls read every head because
+    #: the queue's flag said the last reads registered some
+    joined_by_discovery: int = 0
+    full_reads: int = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -516,6 +520,22 @@ class SfqModel:
         flow = flow_of(key, tenant)
         self.runs[run] = Run(queue, flow, tenant or "", score)
         self._place(_Call(now), self.queue(queue), flow, run, score)
+
+    def enqueue_unregistered(
+        self, queue: str, run: str, key: str | None, tenant: str | None, score: int
+    ) -> None:
+        """An enqueue by an age-order process: the run is queued, nothing registered (the
+        fair dequeue's discovery finds its flow)."""
+        if run in self.runs:
+            return
+        self.known.add(queue)
+        flow = flow_of(key, tenant)
+        self.runs[run] = Run(queue, flow, tenant or "", score)
+        q = self.queue(queue)
+        runs = q.queued.setdefault(flow, {})
+        if not runs and flow_tenant(flow):
+            q.named = True
+        runs[run] = score
 
     def ack(self, run: str, now: int = 0) -> None:
         """A run finished: charged its run time (``charge``), then its slot freed."""
@@ -777,6 +797,7 @@ class SfqModel:
                     self._register_pair(call, q, tenant)
                     score = q.tq.get(tenant)
                     joins = fresh = True
+                    self.joined_by_discovery += 1
                 if score is not None and joins:
                     p = pair_of(q, tenant, score)
                     p.disc[f] = found[f]
@@ -789,6 +810,7 @@ class SfqModel:
             full = max(most, 3 * budget)
             adopt = min(max(width, math.ceil(3 * width / self.window)), full)
             first = full if q.unregistered else adopt
+            self.full_reads += q.unregistered
             ready = [e for e in q.ck_index() if e[1] <= now]
             fresh = adopt_discovered(q, ready[:first], adopt)
             read_all = len(ready) < first

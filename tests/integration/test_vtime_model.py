@@ -53,6 +53,9 @@ class Options:
     #: overrides), total caps and borrowing, changed at random
     limits: bool = False
     charge: bool = False  # every queue charges by run time (charge = "duration")
+    #: share of enqueues made by an age-order process (nothing registered: discovery
+    #: must find the flow)
+    unregistered: float = 0.0
 
 
 def model_pool(model: SfqModel) -> int:
@@ -196,6 +199,7 @@ async def run_workload(
     *,
     compare_state: bool = True,
     after_step: Callable[[], Awaitable[None]] | None = None,
+    age_rq: RunQueue | None = None,
 ) -> dict[str, int]:
     """Drive the same random operations through the Lua and the model, comparing after
     every operation. Returns how many of each operation ran (and runs served)."""
@@ -238,6 +242,15 @@ async def run_workload(
                 score = (
                     now - rng.randint(0, 500) if rng.random() < 0.85 else now + rng.randint(1, 40)
                 )
+                if opts.unregistered and rng.random() < opts.unregistered:
+                    assert age_rq is not None
+                    await age_rq.enqueue(
+                        env, queue, run, None, concurrency_key=key, tenant=tenant,
+                        available_at_ms=score, now_ms=now,
+                    )  # fmt: skip
+                    model.enqueue_unregistered(queue, run, key, tenant, score)
+                    counts["unregistered"] = counts.get("unregistered", 0) + 1
+                    continue
                 await rq.enqueue(env, queue, run, None, concurrency_key=key, tenant=tenant,
                                  available_at_ms=score, now_ms=now)  # fmt: skip
                 model.enqueue(queue, run, key, tenant, score, now)
@@ -340,6 +353,10 @@ SEEDS: list[tuple[int, Options]] = [
     (14, Options(limits=True, keys=40, named=0.95, env_limit=40)),
     (15, Options(charge=True, max_per_key=2, join="behind_leader")),
     (16, Options(limits=True, charge=True, queues=("q0", "q1"), env_limit=40, max_count=20)),
+    # runs enqueued by an age-order process: found by discovery, registered by the join
+    # rules, the queue's 'unregistered' flag making later calls read every head
+    (17, Options(unregistered=0.5, keys=60, named=0.8, env_limit=20)),
+    (18, Options(unregistered=0.4, keys=200, named=1.0, env_limit=60, max_count=30)),
 ]
 #: the seeds whose tenants hold more keys than a serve reads first: at least how many times
 #: their serves read more of a key set
@@ -361,9 +378,10 @@ async def test_lua_fair_order_matches_reference_model(
     and tenants, total caps, borrowing and charging by run time), the
     Lua serves exactly the model's (run, queue, key, tenant) sequence and leaves exactly
     the model's stored state (the token buckets included) after every operation.
-    16 seeds: 24,000 operations; where tenants hold many keys, the serves read more of
+    18 seeds: 27,000 operations; where tenants hold many keys, the serves read more of
     their key sets many times; where limits change, rates hold runs back and capped
-    flows borrow; where queues charge by run time, finished runs correct their tags."""
+    flows borrow; where queues charge by run time, finished runs correct their tags;
+    where an age-order process enqueues, discovery registers what it finds."""
     started = time.monotonic()
     rq = await make_queue(
         vtime={"enabled": True, "quantum": opts.quantum, "scan_window_multiplier": opts.window,
@@ -377,7 +395,8 @@ async def test_lua_fair_order_matches_reference_model(
         arrival_cap=opts.arrival_cap, max_per_key=opts.max_per_key,
         charge_unit_ms=CHARGE_UNIT_MS,
     )  # fmt: skip
-    counts = await run_workload(rq, env, model, opts, random.Random(seed), STEPS)
+    age_rq = await make_queue() if opts.unregistered else None
+    counts = await run_workload(rq, env, model, opts, random.Random(seed), STEPS, age_rq=age_rq)
     assert counts["served"] > 400, counts
     assert min(counts.get(k, 0) for k in ("cap", "weight", "tenant", "nack")) > 10, counts
     if seed in MANY_KEYS:
@@ -387,6 +406,11 @@ async def test_lua_fair_order_matches_reference_model(
         assert model.rate_held > 20 and model.borrowed > 5, (model.rate_held, model.borrowed)
     if opts.charge:
         assert model.charged > 200, model.charged
+    if opts.unregistered:
+        assert counts["unregistered"] > 150, counts
+        assert model.joined_by_discovery > 40 and model.full_reads > 20, (
+            model.joined_by_discovery, model.full_reads,
+        )  # fmt: skip
     assert time.monotonic() - started < 30
 
 
