@@ -65,7 +65,7 @@ CAP_RECHECK_MS = 30_000
 #: The member of V:tt (and of a key set) that holds its floor.
 FLOOR_MEMBER = "~floor"
 #: Entries of a key set a dequeue reads first (twice as many each time it needs more).
-KEYS_LOADED = 6
+KEYS_LOADED = 3
 #: At most this many gather-and-serve rounds per dequeue call.
 MAX_ROUNDS = 16
 #: A gather reads at least this many copies of a queue's B:tq first.

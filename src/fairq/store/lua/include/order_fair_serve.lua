@@ -12,10 +12,11 @@ do
   -- the engine's functions, as fields of one local (see above)
   local E = {}
 
-  --- How many entries of a tenant's key set a dequeue reads first (most tenants are served
-  --- once or twice per call); it reads more while the best key it knows may not be the
-  --- tenant's best (load_more_keys).
-  local KEYS_LOADED = 6
+  --- How many entries of a tenant's key set a dequeue reads first: most tenants are served
+  --- once per call (its floor, its best key and the next; 3 instead of 6: 3 % less server
+  --- work with 100 named tenants, measured); it reads more while the best key it knows may
+  --- not be the tenant's best (load_more_keys).
+  local KEYS_LOADED = 3
   --- A key set this small is scanned for its best key (no heap); so is a bigger one the
   --- first time its tenant is served in a call (most tenants are served once per call).
   local KEYS_SCANNED = 16
