@@ -21,6 +21,8 @@ from tests.acceptance.test_dashboard import (
 )
 from tests.state import run_state
 
+from fairq import keys as K
+from fairq.dashboard import app as dashboard_app
 from fairq.dashboard.app import create_app
 from fairq.keys import Environment
 from fairq.outcomes import RunStatus
@@ -111,6 +113,63 @@ async def test_actions_over_http_change_the_server_and_report(
     assert len(charts["points"]) == 60 and charts["dead_lettered"] == 1
     assert sum(p["served"] for p in charts["points"]) == 2
     assert sum(p["dead_lettered"] for p in charts["points"]) == 2
+
+
+async def dead_letter(rq: RunQueue, env: Environment, run_id: str, queue: str, at_ms: int) -> None:
+    """Given a run dead-lettered at ``at_ms`` (the dead-letter list's order)."""
+    await rq.enqueue(env, queue, run_id, {}, available_at_ms=at_ms, now_ms=at_ms)
+    (d,) = await rq.dequeue_from_queue(env, queue, max_count=1, now_ms=at_ms)
+    await rq.nack(d, max_attempts=1, error="boom", now_ms=at_ms)
+
+
+async def test_redrive_all_of_one_queue_reaches_past_other_queues_dead_letters(
+    http: tuple[RunQueue, httpx.AsyncClient], env: Environment, monkeypatch: Any
+) -> None:
+    """Given more dead letters of another queue ahead of a queue's own than one read of
+    the list returns, "redrive all" of that queue still redrives every one of its own
+    and none of the other queue's; then "redrive all" of every queue takes the rest."""
+    rq, client = http
+    monkeypatch.setattr(dashboard_app, "REDRIVE_PAGE", 3)
+    for i in range(7):
+        await dead_letter(rq, env, f"other{i}", "other", 1_000_000 + i)
+    for i in range(2):
+        await dead_letter(rq, env, f"mine{i}", "imports", 2_000_000 + i)
+    mine = await client.post(act(env, "redrive_all"), data={"queue": "imports"}, headers=JSON)
+    assert mine.status_code == 200 and "redriven 2 " in mine.json()["message"], mine.text
+    assert [await run_state(rq, env, f"mine{i}") for i in range(2)] == ["queued"] * 2
+    assert [await run_state(rq, env, f"other{i}") for i in range(7)] == ["dlq"] * 7
+    rest = await client.post(act(env, "redrive_all"), data={}, headers=JSON)
+    assert "redriven 7 " in rest.json()["message"], rest.text
+    assert await rq.dead_letters(env) == []
+
+
+async def test_tenant_weight_and_cap_actions_and_an_unknown_action(
+    http: tuple[RunQueue, httpx.AsyncClient], env: Environment
+) -> None:
+    """A tenant's weight (environment-wide) and cap (in a queue) set, refused when not a
+    number (nothing changes), and removed; an unknown action is refused by name."""
+    rq, client = http
+    weights = rq.keys.env(env).tenant_weights
+    caps = rq.keys.queue(env, "imports").tenant_caps
+    tenant = K.encode_tenant("acme")
+    weight = await client.post(act(env, "tenant_weight"), headers=JSON,
+                               data={"tenant": "acme", "value": "2.5"})  # fmt: skip
+    assert weight.status_code == 200, weight.text
+    assert float(await rq.client.hget(weights, tenant)) == 2.5  # type: ignore[misc]
+    cap = await client.post(act(env, "tenant_cap"), headers=JSON,
+                            data={"queue": "imports", "tenant": "acme", "value": "4"})  # fmt: skip
+    assert cap.status_code == 200, cap.text
+    assert int(await rq.client.hget(caps, tenant)) == 4  # type: ignore[misc]
+    bad = await client.post(act(env, "tenant_weight"), headers=JSON,
+                            data={"tenant": "acme", "value": "heavy"})  # fmt: skip
+    assert bad.status_code == 400 and "not a number" in bad.json()["message"]
+    assert float(await rq.client.hget(weights, tenant)) == 2.5  # type: ignore[misc]
+    form = {"queue": "imports", "tenant": "acme", "value": "none"}
+    cleared = await client.post(act(env, "tenant_cap"), headers=JSON, data=form)
+    assert cleared.status_code == 200
+    assert await rq.client.hget(caps, tenant) is None  # type: ignore[misc]
+    unknown = await client.post(act(env, "explode"), data={"queue": "imports"}, headers=JSON)
+    assert unknown.status_code == 400 and "unknown action 'explode'" in unknown.json()["message"]
 
 
 async def test_actions_are_refused_cross_site_and_without_the_token(

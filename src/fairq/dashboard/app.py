@@ -155,6 +155,9 @@ ACTIONS: Final = (
 CLEAR_WORDS: Final = ("none", "unset", "default")
 #: Dead letters one "redrive all" moves at most (the rest: press again).
 MAX_REDRIVE_ALL: Final = 10_000
+#: Dead letters a ``redrive_all`` reads per round, and at most in one read.
+REDRIVE_PAGE = 500
+MAX_DEAD_LETTER_READ: Final = 10_000
 
 
 class ActionError(Exception):
@@ -262,17 +265,20 @@ async def _redrive_all(
 
 async def _redrive_dead_letters(rq: RunQueue, env: Environment, queue: str) -> int:
     """Redrive up to :data:`MAX_REDRIVE_ALL` dead letters (of ``queue`` only, unless it is
-    ''), 500 read at a time; returns how many were redriven."""
-    done, seen = 0, set()
+    ''), oldest first, :data:`REDRIVE_PAGE` more read at a time; returns how many were
+    redriven. Dead letters of other queues stay first in the list, so each read reaches
+    past those it has passed over (up to the 10,000 a read may return)."""
+    done, seen, passed = 0, set(), 0
     while done < MAX_REDRIVE_ALL:
-        batch = [
-            d for d in await rq.dead_letters(env, limit=500)
-            if d.run_id not in seen and (not queue or d.queue == queue)
-        ]  # fmt: skip
-        if not batch:
+        limit = min(MAX_DEAD_LETTER_READ, passed + REDRIVE_PAGE)
+        fresh = [d for d in await rq.dead_letters(env, limit=limit) if d.run_id not in seen]
+        if not fresh:
             break
-        for d in batch:
+        for d in fresh:
             seen.add(d.run_id)
+            if queue and d.queue != queue:
+                passed += 1
+                continue
             try:
                 await rq.redrive(env, d.run_id)
                 done += 1
