@@ -6,15 +6,17 @@ copies this checkout's package to a scratch directory and adds probes to the cop
 (the real scripts are never touched): every phase function of the fair serve engine
 (``E.gather``, ``E.serve_round``, ``E.write_back`` ... in
 ``store/lua/include/order_fair_serve.lua``), the claim of runs (``claim`` in
-``include/claim.lua``, shared by both orders) and the serve hook of each order are
-wrapped in a function that adds Lua's own clock (``os.clock``, CPU time of the server
-process) around the call. The probes' totals go to one hash per order build at the end of
-each serve. The whole script's time is the server's own figure (``INFO commandstats``,
-``usec`` of ``FCALL``) for the dequeue and for the ack, each read alone.
+``include/claim.lua``, shared by both orders), the serve hook and the ack's order hooks
+are wrapped in a function that adds Lua's own clock (``os.clock``, CPU time of the server
+process) around the call. Each library's totals go to its own hash at the end of every
+script (``HOOK.finish``), and the figures sum them. The whole script's time is the
+server's own figure (``INFO commandstats``, ``usec`` of ``FCALL``) for the dequeue and
+for the ack, each read alone.
 
 Phases nest (``fair_serve`` holds ``gather`` and ``serve_round``; ``gather`` holds
-``discover_heads``, ``adopt_discovered`` and ``attach_tenants``; ``serve_round`` holds
-``load_keys``, ``best_key``, ``serve_flow`` (which holds ``claim``) and ``hold_back``):
+``discover`` (``discover_heads``, ``adopt_discovered``) and ``attach_tenants``;
+``serve_round`` holds ``load_keys``, ``best_key``, ``serve_flow`` (which holds
+``claim``) and ``hold_back``):
 each figure is inclusive. A probe costs about a microsecond of its own, so a phase that
 runs many times per call reads high by that much per run; the script totals include
 every probe. Compare orders and workloads with each other, not with the figures of an
@@ -55,7 +57,7 @@ FAIR_HOOKS = ("charge", "slot_freed", "use_pool")
 AGE_HOOKS = ("slot_freed",)
 #: The fair engine's phase functions (fields of its table E) that get a probe.
 FAIR_PHASES = (
-    "fair_serve", "gather", "discover_heads", "adopt_discovered", "attach_tenants",
+    "fair_serve", "gather", "discover", "discover_heads", "adopt_discovered", "attach_tenants",
     "serve_round", "load_keys", "best_key", "serve_flow", "hold_back", "fair_finish",
     "borrow_idle_slots", "write_back",
 )  # fmt: skip

@@ -810,15 +810,13 @@ class SfqModel:
             full = max(most, 3 * budget)
             adopt = min(max(width, math.ceil(3 * width / self.window)), full)
             first = full if q.unregistered else adopt
-            self.full_reads += q.unregistered
+            self.full_reads += int(q.unregistered)
             ready = [e for e in q.ck_index() if e[1] <= now]
             fresh = adopt_discovered(q, ready[:first], adopt)
             read_all = len(ready) < first
             if fresh and not read_all and first < full:
                 adopt_discovered(q, ready[:full], adopt)
-                first = full
-            if fresh != q.unregistered and (fresh or read_all or first == full):
-                q.unregistered = fresh
+            q.unregistered = fresh
 
         def gather() -> int:
             """Candidates of every open queue: its lowest ``width`` copies (``budget`` + 1
@@ -972,6 +970,20 @@ class SfqModel:
                 kc.tag = kc.tag + got * kstep
                 kc.touched = True
 
+        def claim(
+            p: _Pair, flow: str, limit: int, buckets: list[tuple[_Bucket, str]]
+        ) -> tuple[int, int | None]:
+            """Claim up to ``limit`` ready runs of pair p's flow (in the served order) and
+            take them from its buckets; the count and the flow's new head."""
+            claimed: list[tuple[str, str]] = []
+            ta = p.tenant if flow_tenant(flow) is not None else ""
+            got, head = self._claim(p.q, flow, limit, ta, now, claimed)
+            out.extend((r, p.q.name, f) for r, f in claimed)
+            for b, _ in buckets:
+                b.tokens -= got
+                b.dirty = True
+            return got, head
+
         def serve_pairs() -> None:
             """The SFQ loop; it stops (``widen``) when the best pair's tag passes what the
             gather read, or nobody is left while a queue was not read to its end."""
@@ -1051,22 +1063,18 @@ class SfqModel:
                     continue
                 run = take
                 step = self.quantum / p.ten.weight
+                # before the next tenant's tag, or a pair not read yet (from the bound on)
+                stop = tq_bound
                 if second is not None:
                     assert second.ten is not None and second.ten.tag is not None
-                    k = max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
-                    run = min(run, k)
-                if tq_bound < INF:  # a pair not read yet may have a copy from here on
-                    run = min(run, max(1, math.ceil((tq_bound - p.ten.tag) / step - 1e-9)))
+                    stop = min(stop, second.ten.tag)
+                if stop < INF:
+                    run = min(run, max(1, math.ceil((stop - p.ten.tag) / step - 1e-9)))
                 if kc is not None and kc2 is not None:
                     kstep = self.quantum / kc.weight
                     k = max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
                     run = min(run, k)
-                claimed: list[tuple[str, str]] = []
-                got, head = self._claim(q, flow, run, p.tenant if named else "", now, claimed)
-                out.extend((r, q.name, f) for r, f in claimed)
-                for b, _ in buckets:
-                    b.tokens -= got
-                    b.dirty = True
+                got, head = claim(p, flow, run, buckets)
                 if got > 0:
                     served += got
                     served_of[sid] = served_of.get(sid, 0) + got
@@ -1115,13 +1123,7 @@ class SfqModel:
                 take = int(min(budget - served, total, rate))
                 if take <= 0:
                     continue
-                claimed: list[tuple[str, str]] = []
-                ta = p.tenant if flow_tenant(flow) is not None else ""
-                got, _ = self._claim(q, flow, take, ta, now, claimed)
-                out.extend((r, q.name, f) for r, f in claimed)
-                for b, _ in buckets:
-                    b.tokens -= got
-                    b.dirty = True
+                got, _ = claim(p, flow, take, buckets)
                 if got > 0:
                     served += got
                     self.borrowed += got

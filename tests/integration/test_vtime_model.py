@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from tests.sfq_model import CAP_RECHECK_MS, KEYLESS, SfqModel, flow_of, flow_tenant
+from tests.sfq_model import CAP_RECHECK_MS, KEYLESS, QueueModel, SfqModel, flow_of, flow_tenant
 from tests.state import delete_tenant_floor, s
 
 from fairq import keys as K
@@ -130,6 +130,22 @@ RATES: dict[str, list[float]] = {
 }
 
 
+async def set_key_cap(
+    rq: RunQueue, env: Environment, q: QueueModel, key: str, cap: int | None
+) -> None:
+    """A key's cap in queue ``q`` (None removes it), in the store and the model."""
+    await rq.set_key_concurrency(env, q.name, key, cap)
+    q.kcaps.pop(key, None) if cap is None else q.kcaps.__setitem__(key, cap)
+
+
+async def set_tenant_cap(
+    rq: RunQueue, env: Environment, q: QueueModel, tenant: str, cap: int | None
+) -> None:
+    """A tenant's cap in queue ``q`` (None removes it), in the store and the model."""
+    await rq.set_tenant_concurrency(env, q.name, tenant, cap)
+    q.tcaps.pop(tenant, None) if cap is None else q.tcaps.__setitem__(tenant, cap)
+
+
 async def change_limit(
     rq: RunQueue,
     env: Environment,
@@ -156,13 +172,9 @@ async def change_limit(
     if which < 0.45:  # low caps: the flows borrowing lends slots to
         cap = rng.choice([None, 1, 1, 2])
         if rng.random() < 0.5:
-            key = rng.choice(keys)
-            await rq.set_key_concurrency(env, queue, key, cap)
-            q.kcaps.pop(key, None) if cap is None else q.kcaps.__setitem__(key, cap)
+            await set_key_cap(rq, env, q, rng.choice(keys), cap)
         else:
-            t = rng.choice(TENANTS)
-            await rq.set_tenant_concurrency(env, queue, t, cap)
-            q.tcaps.pop(t, None) if cap is None else q.tcaps.__setitem__(t, cap)
+            await set_tenant_cap(rq, env, q, rng.choice(TENANTS), cap)
         return "cap"
     scope = rng.choice(["queue", "key", "tenant", "one key", "one tenant", "one tenant"])
     per_second = rng.choice(RATES[scope.removeprefix("one ")])
@@ -287,13 +299,9 @@ async def run_workload(
             cap = rng.choice([None, None, 1, 2, 3])
             which = rng.random()
             if which < 0.4:
-                key = rng.choice(keys)
-                await rq.set_key_concurrency(env, queue, key, cap)
-                q.kcaps.pop(key, None) if cap is None else q.kcaps.__setitem__(key, cap)
+                await set_key_cap(rq, env, q, rng.choice(keys), cap)
             elif which < 0.8:
-                t = rng.choice(TENANTS)
-                await rq.set_tenant_concurrency(env, queue, t, cap)
-                q.tcaps.pop(t, None) if cap is None else q.tcaps.__setitem__(t, cap)
+                await set_tenant_cap(rq, env, q, rng.choice(TENANTS), cap)
             else:
                 await rq.set_queue_concurrency(env, queue, cap)
                 q.concurrency = cap

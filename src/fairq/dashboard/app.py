@@ -92,6 +92,7 @@ from fairq.models import CancelOutcome
 from fairq.outcomes import RunStatus
 from fairq.store import RunQueue
 from fairq.store.admin import Change, queue_option
+from fairq.store.readers import MAX_DEAD_LETTERS
 
 #: Seconds a request waits for the server before the dashboard calls it unreachable.
 STORE_TIMEOUT_S: Final = 10.0
@@ -155,9 +156,8 @@ ACTIONS: Final = (
 CLEAR_WORDS: Final = ("none", "unset", "default")
 #: Dead letters one "redrive all" moves at most (the rest: press again).
 MAX_REDRIVE_ALL: Final = 10_000
-#: Dead letters a ``redrive_all`` reads per round, and at most in one read.
+#: Dead letters a ``redrive_all`` reads more per round.
 REDRIVE_PAGE = 500
-MAX_DEAD_LETTER_READ: Final = 10_000
 
 
 class ActionError(Exception):
@@ -267,10 +267,10 @@ async def _redrive_dead_letters(rq: RunQueue, env: Environment, queue: str) -> i
     """Redrive up to :data:`MAX_REDRIVE_ALL` dead letters (of ``queue`` only, unless it is
     ''), oldest first, :data:`REDRIVE_PAGE` more read at a time; returns how many were
     redriven. Dead letters of other queues stay first in the list, so each read reaches
-    past those it has passed over (up to the 10,000 a read may return)."""
+    past those it has passed over (up to :data:`MAX_DEAD_LETTERS` in one read)."""
     done, seen, passed = 0, set(), 0
     while done < MAX_REDRIVE_ALL:
-        limit = min(MAX_DEAD_LETTER_READ, passed + REDRIVE_PAGE)
+        limit = min(MAX_DEAD_LETTERS, passed + REDRIVE_PAGE)
         fresh = [d for d in await rq.dead_letters(env, limit=limit) if d.run_id not in seen]
         if not fresh:
             break

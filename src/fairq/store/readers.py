@@ -41,6 +41,8 @@ from fairq.store.quotas import ENV_SCOPE, parse_ledger
 
 #: Variant rows a queue breakdown returns at most.
 MAX_VARIANTS: Final = 500
+#: At most this many dead letters one :meth:`ReaderOps.dead_letters` call returns.
+MAX_DEAD_LETTERS: Final = 10_000
 
 
 #: The environment fields a queue's settings fall back to.
@@ -618,7 +620,7 @@ class ReaderOps(StoreCore):
 
     async def dead_letters(self, env: Environment, *, limit: int = 100) -> list[DeadLetter]:
         """The environment's dead-lettered runs, oldest first (with their last error)."""
-        validate.integer("limit", limit, 1, 10_000)
+        validate.integer("limit", limit, 1, MAX_DEAD_LETTERS)
         rows = await self.per_partition(
             env, lambda pipe, e: pipe.zrange(e.dlq, 0, limit - 1, withscores=True)
         )

@@ -392,9 +392,8 @@ do
     if fresh and not all and first < full then
       flows, found = E.discover_heads(F, Q, full)
       E.adopt_discovered(F, Q, flows, found, adopt)
-      first = full
     end
-    if fresh ~= Q.unregistered and (fresh or all or first == full) then
+    if fresh ~= Q.unregistered then
       local field = config_field(Q.name, 'unregistered')
       if fresh then
         redis.call('HSET', env_key(Q.V, 'config'), field, 1)
@@ -770,17 +769,17 @@ do
   end
 
   -- How many runs pair p (key kc) takes before its start tag passes the next tenant's
-  -- (`second`) or, inside the tenant, the next key's (`kc2`), at most `take`. A tie is
+  -- (`second`) or the read `bound`, or, inside the tenant, the next key's (`kc2`), at most
+  -- `take`. A tie is
   -- settled by the next pick, with the new heads.
   function E.run_length(p, kc, kc2, second, take, bound)
     local run = take
     local step = p.Q.quantum / p.ten.weight
-    if second ~= nil then
-      local k = math.max(1, math.ceil((second.ten.tag - p.ten.tag) / step - 1e-9))
-      if k < run then run = k end
-    end
-    if bound < math.huge then -- a pair not read yet may have a copy from here on
-      local k = math.max(1, math.ceil((bound - p.ten.tag) / step - 1e-9))
+    -- before the next tenant's tag, or a pair not read yet (from the read bound on)
+    local stop = bound
+    if second ~= nil and second.ten.tag < stop then stop = second.ten.tag end
+    if stop < math.huge then
+      local k = math.max(1, math.ceil((stop - p.ten.tag) / step - 1e-9))
       if k < run then run = k end
     end
     if kc ~= nil and kc2 ~= nil then
