@@ -245,7 +245,7 @@ STATE_FIELDS: Final[dict[str, tuple[bool, str]]] = {
     "charge_env": (False, "the dequeue charges the environment's place among its shard's"),
     "parked_now": (False, "the fair serve parked something in this round"),
     "tfloor": (False, "V -> the tenant floor read in this call {value, start, stored}"),
-    "kfloor": (False, "B|tenant -> a key floor read in this call {value, dirty}"),
+    "kfloor": (False, "key set name -> a key floor read in this call {value, dirty}"),
     "kadded": (False, "B|tenant -> true: keys joined that tenant's set in this call"),
     "hpark": (False, "parked-due key -> whether it may hold members (probed once)"),
     "qconf": (False, "B -> a run's queue config read by a hook"),

@@ -154,10 +154,10 @@ end
 
 -- The virtual time of a tenant's keys in Q: the member FLOOR_MEMBER of its key set.
 -- `raw` is its score when the caller read it (false: known missing; nil: not read).
-local function key_floor(X, Q, tenant, keys_key, raw)
+-- Kept per call by the set's name (one set per tenant, queue and level).
+local function key_floor(X, keys_key, raw)
   X.kfloor = X.kfloor or {}
-  local id = Q.OB .. '|' .. tenant
-  local f = X.kfloor[id]
+  local f = X.kfloor[keys_key]
   if f == nil then
     if raw == nil then raw = redis.call('ZSCORE', keys_key, FLOOR_MEMBER) end
     local value = tonumber(raw)
@@ -167,7 +167,7 @@ local function key_floor(X, Q, tenant, keys_key, raw)
       value = #low > 0 and tonumber(low[2]) or 0
     end
     f = {value = value, dirty = tonumber(raw) == nil}
-    X.kfloor[id] = f
+    X.kfloor[keys_key] = f
   end
   return f
 end
@@ -188,7 +188,7 @@ end
 -- Where a key new to its tenant starts: the tenant's key floor ('floor'), or one quantum
 -- behind the tenant's highest key, at most arrival_cap above the floor ('behind_leader').
 local function key_join(X, Q, tenant, keys_key)
-  local floor = key_floor(X, Q, tenant, keys_key).value
+  local floor = key_floor(X, keys_key).value
   if Q.join == 'behind_leader' then
     local top = redis.call('ZRANGE', keys_key, -1, -1, 'WITHSCORES')
     if #top > 0 and tonumber(top[2]) > floor then
@@ -219,7 +219,7 @@ local function register_key(X, Q, tenant, flow)
   local got = redis.call('ZMSCORE', kk, flow, FLOOR_MEMBER, tenant)
   if got[1] then return tonumber(got[1]) end
   if is_parked(X, Q, 'k:' .. flow) then return nil end
-  local kf = key_floor(X, Q, tenant, kk, got[2])
+  local kf = key_floor(X, kk, got[2])
   local args = {}
   ck_index_flush(X)
   if tenant ~= flow and not got[3]
@@ -377,6 +377,7 @@ end
 HOOK.slot_freed = function(X, Q, flow, ta)
   local base = Q.base or Q
   if base.order == nil then charges_duration(X, base) end
+  if levels_bits(base) == 0 then return slot_freed_at(X, base, flow, ta) end -- one level
   for _, level in ipairs(queue_levels(base)) do slot_freed_at(X, level_view(base, level), flow, ta) end
 end
 

@@ -426,6 +426,7 @@ do
       return
     end
     local kk = tenant_key(Q.OB, p.T, 'keys')
+    p.kk = kk -- the key set's name, for the reads and writes after this one
     local entries = redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
     local n = #entries
     if n == 0 then
@@ -450,7 +451,7 @@ do
       table.remove(found, 1)
     end
     p.keys = {}
-    p.kf = key_floor(X, Q, p.T, kk, floor_raw)
+    p.kf = key_floor(X, kk, floor_raw)
     E.list_keys(p, entries, false)
     E.read_bound(p, entries)
     if missing then
@@ -535,8 +536,7 @@ do
   -- built again from the longer list. Drops the pair when its set turned out to be empty.
   function E.load_more_keys(F, p)
     p.width = 2 * p.width
-    local kk = tenant_key(p.Q.OB, p.T, 'keys')
-    local entries = redis.call('ZRANGE', kk, 0, p.width - 1, 'WITHSCORES')
+    local entries = redis.call('ZRANGE', p.kk, 0, p.width - 1, 'WITHSCORES')
     p.complete = #entries < 2 * p.width
     E.list_keys(p, entries, true)
     E.read_bound(p, entries)
@@ -733,7 +733,7 @@ do
     if park_why then
       E.park_key(F.X, p.Q, p.T, kc.flow, kc.tag, due)
     else
-      redis.call('ZREM', tenant_key(p.Q.OB, p.T, 'keys'), kc.flow)
+      redis.call('ZREM', p.kk, kc.flow)
     end
     if E.pair_emptied(F.X, p) then E.drop_pair(p) end
   end
@@ -922,14 +922,19 @@ do
     end
     for _, p in ipairs(F.plist) do
       if p.ten.touched and not p.dropped then
-        local args = by_queue[p.Q.OB] or {}
+        local args = by_queue[p.Q.OB] or {'XX'}
         by_queue[p.Q.OB] = args
         args[#args + 1] = p.ten.tag
         args[#args + 1] = p.T
       end
     end
     for B, args in pairs(by_queue) do
-      call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
+      if #args <= UNPACK_CHUNK then -- the usual case (one call serves few tenants): no copy
+        redis.call('ZADD', queue_key(B, 'ready_tenants'), unpack(args))
+      else
+        table.remove(args, 1)
+        call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
+      end
       if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
     end
   end
@@ -952,9 +957,8 @@ do
         kf.dirty = false
       end
       if #args > 0 then
-        local kk = tenant_key(p.Q.OB, p.T, 'keys')
-        call_chunked('ZADD', kk, args)
-        if tick then redis.call('EXPIRE', kk, F.X.C.state_ttl) end
+        call_chunked('ZADD', p.kk, args)
+        if tick then redis.call('EXPIRE', p.kk, F.X.C.state_ttl) end
       end
     end
   end
