@@ -4,7 +4,7 @@ Written from notes/fair_spec.md (the fair order's semantics as specified), not b
 transliterating the Lua, so tests/integration/test_vtime_model.py can run random
 workloads through the model and the real scripts and compare them serve by serve;
 then brought in line with the design changes notes/migration.md records after it (the
-floors as ``~floor`` members, pruning on ticks, cap parks only for a flow holding a
+floors as members of their sets, pruning on ticks, cap parks only for a flow holding a
 slot plus a re-check, key sets read :data:`KEYS_LOADED` entries at a time, more while the best key
 known may not be the tenant's best, and a tenant
 leaving its queue's candidates only by what the call knows about its key set).
@@ -62,8 +62,10 @@ UNLIMITED = 1_000_000_000
 TICK = 8
 #: A member parked by a cap is also re-checked this long after parking.
 CAP_RECHECK_MS = 30_000
-#: The member of V:tt (and of a key set) that holds its floor.
+#: The member of V:tt that holds its floor.
 FLOOR_MEMBER = "~floor"
+#: The member of a key set that holds its floor (first among equal tags).
+KEY_FLOOR_MEMBER = "!floor"
 #: Entries of a key set a dequeue reads first (twice as many each time it needs more).
 KEYS_LOADED = 3
 #: At most this many gather-and-serve rounds per dequeue call.
@@ -131,7 +133,7 @@ class QueueModel:
     trunning: dict[str, int] = field(default_factory=dict)  # named tenant -> runs in flight
     tq: dict[str, float] = field(default_factory=dict)  # tenant -> tag copy
     keysets: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant -> key -> tag
-    kfloor: dict[str, float] = field(default_factory=dict)  # tenant -> key floor (~floor)
+    kfloor: dict[str, float] = field(default_factory=dict)  # tenant -> key floor (!floor)
     named: bool = False  # a flow of the queue ever had a named tenant (the config flag)
     park: dict[str, str] = field(default_factory=dict)  # 't:T' / 'k:K' -> 'c:tag' / 'd:tag'
     parkdue: dict[str, int] = field(default_factory=dict)
@@ -855,7 +857,7 @@ class SfqModel:
             whether that is all of it."""
             members = dict(p.q.keysets.get(p.tenant) or {})
             if p.tenant in p.q.kfloor:
-                members[FLOOR_MEMBER] = p.q.kfloor[p.tenant]
+                members[KEY_FLOOR_MEMBER] = p.q.kfloor[p.tenant]
             entries = sorted(members.items(), key=lambda e: (e[1], e[0]))[:width]
             p.width = width
             p.complete = len(entries) < width
@@ -865,7 +867,7 @@ class SfqModel:
             assert p.keys is not None and p.kf is not None
             listed = {k.flow for k in p.keys}
             for f, tag in entries:
-                if f != FLOOR_MEMBER and f not in listed:
+                if f != KEY_FLOOR_MEMBER and f not in listed:
                     listed.add(f)
                     k = _Key(f, max(tag, float(p.kf[0])), p.disc.get(f, INF), self._kw(p.q, f))
                     p.keys.append(k)

@@ -69,26 +69,29 @@ async def tenant_keys(rq: RunQueue, env: Environment, queue: str, tenant: str) -
     key serving as the tenant keeps its name)."""
     q = rq.keys.queue(env, queue)
     raw = await rq.client.zrange(q.tenant_keys(K.encode_tenant(tenant)), 0, -1, withscores=True)
-    return {K.split_flow(s(m))[1]: float(sc) for m, sc in raw if s(m) != K.FLOOR_MEMBER}
+    return {K.split_flow(s(m))[1]: float(sc) for m, sc in raw if s(m) != K.KEY_FLOOR_MEMBER}
 
 
 async def set_tenant_keys(
     rq: RunQueue, env: Environment, queue: str, tenant: str, tags: dict[str, float]
 ) -> None:
-    """Write tags into a named tenant's key set, by key (``K.FLOOR_MEMBER`` for its floor)."""
+    """Write tags into a named tenant's key set, by key (``K.KEY_FLOOR_MEMBER`` for its
+    floor; ``K.FLOOR_MEMBER`` for a floor under the name sets had before)."""
     q = rq.keys.queue(env, queue)
     encoded = K.encode_tenant(tenant)
     members = {
-        m if m == K.FLOOR_MEMBER else K.flow_of(K.encode_concurrency_key(m), encoded): v
+        m
+        if m in (K.KEY_FLOOR_MEMBER, K.FLOOR_MEMBER)
+        else K.flow_of(K.encode_concurrency_key(m), encoded): v
         for m, v in tags.items()
     }
     await rq.client.zadd(q.tenant_keys(encoded), members)
 
 
 async def key_floor(rq: RunQueue, env: Environment, queue: str, tenant: str) -> float | None:
-    """A named tenant's key virtual time in a queue (the ``~floor`` member of its key set)."""
+    """A named tenant's key virtual time in a queue (the ``!floor`` member of its key set)."""
     q = rq.keys.queue(env, queue)
-    raw = await rq.client.zscore(q.tenant_keys(K.encode_tenant(tenant)), K.FLOOR_MEMBER)
+    raw = await rq.client.zscore(q.tenant_keys(K.encode_tenant(tenant)), K.KEY_FLOOR_MEMBER)
     return None if raw is None else float(raw)
 
 

@@ -103,7 +103,7 @@ Per variant (``B:ck:F:<name>``; ``F`` a flow: ``K``, or a named tenant's ``N/K``
   queued       ZSET  the variant's runs: run id -> score (ms)
   inflight     SET   the variant's runs holding a slot
 Per tenant of a queue (``B:t:N:<name>``; only for tenants that own several keys here)
-  keys         ZSET  K -> the key's virtual tag inside the tenant; member ``~floor``: the
+  keys         ZSET  K -> the key's virtual tag inside the tenant; member ``!floor``: the
                      tenant's key virtual time in this queue
 Global (never touched by a script)
   ``<prefix>:wake``  pub/sub channel: "work may be available" hints for consumers
@@ -146,6 +146,11 @@ KIND_CK: Final = "ck"
 KEYLESS_FLOW: Final = "*"
 #: The member of a virtual-tag index that holds its floor (no encoded name has ``~``).
 FLOOR_MEMBER: Final = "~floor"
+#: The member of a tenant's key set that holds its key floor: ``!`` sorts before every
+#: character an encoded name starts with, so among equal tags (keys join at the floor)
+#: it comes first and a read of the set's first entries finds it. A key set written
+#: before this name keeps its floor under :data:`FLOOR_MEMBER` until a script moves it.
+KEY_FLOOR_MEMBER: Final = "!floor"
 #: Between a named tenant and its key in a flow's name (no encoded name has ``/``): a
 #: flow is ``K`` (a key of no named tenant), ``N/K`` (tenant N's key K), ``N/`` (tenant
 #: N's runs without a key) or ``*`` (the keyless runs of no named tenant).
@@ -718,6 +723,7 @@ def lua_schema(*, fair: bool = True) -> str:
             _lua_table("VARIANT_KEYS", VARIANT_KEYS, fair),
             *([_lua_table("TENANT_KEYS", TENANT_KEYS, fair)] if fair else []),
             *([f"local FLOOR_MEMBER = '{FLOOR_MEMBER}'"] if fair else []),
+            *([f"local KEY_FLOOR_MEMBER = '{KEY_FLOOR_MEMBER}'"] if fair else []),
             f"local KEYLESS_FLOW = '{KEYLESS_FLOW}'",
             f"local BASE_LEVEL, MAX_LEVELS = {BASE_LEVEL}, {MAX_LEVELS}",
             f"local DEFAULT_PRIORITY_LEVELS = {DEFAULT_PRIORITY_LEVELS}",

@@ -56,7 +56,7 @@ async def level_state(rq: RunQueue, env: Environment, level: int, pool: int) -> 
         out[f"{name}.park"] = {s(k): s(v) for k, v in next(replies).items()}
         for t in TENANTS:
             keys = {s(m): float(v) for m, v in next(replies)}
-            keys.pop(K.FLOOR_MEMBER, None)
+            keys.pop(K.KEY_FLOOR_MEMBER, None)
             if keys:
                 out[f"{name}.keys.{t}"] = keys
     return out

@@ -520,7 +520,7 @@ async def test_join_policy_behind_leader_starts_one_quantum_behind_the_leader(
         await enq(rq, e, "b", "b0", T0 + 1, tenant="acme")
         assert await tenant_keys(rq, e, QUEUE, "acme") == {"a": 0.0, "b": 0.0}
         assert await key_floor(rq, e, QUEUE, "acme") == 0.0  # written with the first key
-        await set_tenant_keys(rq, e, QUEUE, "acme", {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0})
+        await set_tenant_keys(rq, e, QUEUE, "acme", {"a": 10.0, "b": 3.0, K.KEY_FLOOR_MEMBER: 3.0})
         await set_floor(rq, e, 3.0)
         await rq.client.zadd(rq.keys.env(e).tenant_tags, {"back": 7.0})
         await enq(rq, e, "fresh", "f0", T0 + 2, tenant="acme")
@@ -547,10 +547,37 @@ async def test_join_settings_stored_on_the_server_apply_at_enqueue(
             await rq.set_env_options(e, **settings)
         await enq(rq, e, "a", "a0", T0, tenant="acme")
         await enq(rq, e, "b", "b0", T0 + 1, tenant="acme")
-        await set_tenant_keys(rq, e, QUEUE, "acme", {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 3.0})
+        await set_tenant_keys(rq, e, QUEUE, "acme", {"a": 10.0, "b": 3.0, K.KEY_FLOOR_MEMBER: 3.0})
         await set_floor(rq, e, 3.0)
         await enq(rq, e, "fresh", "f0", T0 + 2, tenant="acme")
         assert (await tenant_keys(rq, e, QUEUE, "acme"))["fresh"] == want, (where, cap)
+
+
+@pytest.mark.parametrize("via", ["enqueue", "dequeue"])
+async def test_a_key_set_with_its_floor_under_the_old_member_moves_it(
+    make_queue: Any, env: Environment, via: str
+) -> None:
+    """A key set written before the key floor's member was renamed holds its floor 5 as
+    ``~floor`` (keys a 10, b 3 with two runs). The first script that needs the floor moves it to
+    ``!floor`` and uses it: a new key joins at 5, not at the lowest tag 3; a serve of b
+    starts it at 5 (tag 6 after), and ``~floor`` is never served as a key."""
+    rq = await fair_queue(make_queue)
+    await enq(rq, env, "a", "a0", T0, tenant="acme")
+    await enq(rq, env, "b", "b0", T0 + 1, tenant="acme")
+    await enq(rq, env, "b", "b1", T0 + 2, tenant="acme")
+    kk = rq.keys.queue(env, QUEUE).tenant_keys(K.encode_tenant("acme"))
+    await rq.client.zrem(kk, K.KEY_FLOOR_MEMBER)
+    await set_tenant_keys(rq, env, QUEUE, "acme", {"a": 10.0, "b": 3.0, K.FLOOR_MEMBER: 5.0})
+    if via == "enqueue":
+        await enq(rq, env, "fresh", "f0", T0 + 3, tenant="acme")
+        want = {"a": 10.0, "b": 3.0, "fresh": 5.0}
+    else:
+        assert keys_of(await deq(rq, env, max_count=1)) == ["b"]
+        want = {"a": 10.0, "b": 6.0}
+    members = {s(m) for m in await rq.client.zrange(kk, 0, -1)}
+    assert K.FLOOR_MEMBER not in members
+    assert await tenant_keys(rq, env, QUEUE, "acme") == want
+    assert await key_floor(rq, env, QUEUE, "acme") == 5.0
 
 
 async def test_join_policy_floor_is_the_default(make_queue: Any) -> None:

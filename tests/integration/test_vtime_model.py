@@ -6,7 +6,7 @@ tenants, keyless runs, key and tenant weights, key / tenant / queue caps, tenant
 changes and the loss of the floor key; in some seeds rate limits, total caps,
 borrowing and charging by run time. After EVERY operation the served (run, queue,
 key, tenant) sequence and the stored order state (V:tt with its ~floor, per queue B:tq,
-B:park, B:parkdue, the token buckets and the key sets with their ~floor) must equal the
+B:park, B:parkdue, the token buckets and the key sets with their !floor) must equal the
 model's exactly.
 """
 
@@ -92,8 +92,8 @@ async def read_state(
         floors = out[f"{name}.kfloor"] = {}
         for t in TENANTS:
             keys = {s(m): float(v) for m, v in next(replies)}
-            if K.FLOOR_MEMBER in keys:  # a tenant's key floor is a member of its key set
-                floors[t] = keys.pop(K.FLOOR_MEMBER)
+            if K.KEY_FLOOR_MEMBER in keys:  # a tenant's key floor is a member of its key set
+                floors[t] = keys.pop(K.KEY_FLOOR_MEMBER)
             if keys:
                 out[f"{name}.keys.{t}"] = keys
     return out

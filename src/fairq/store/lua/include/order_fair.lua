@@ -10,7 +10,8 @@
 --   B:tq      tenants with servable flows in queue B -> copy of their tag (a copy is
 --             never above the tag in V:tt; a stale copy is corrected when read)
 --   B:t:N:keys  only for a tenant that owns several flows in B: key -> tag inside it;
---             its member '~floor' is the tenant's key virtual time in B
+--             its member '!floor' (KEY_FLOOR_MEMBER; first among equal tags, so the
+--             first entries read hold it) is the tenant's key virtual time in B
 --   B:park / B:parkdue  tenants and keys taken out of B:tq / B:t:N:keys while gated by
 --             a cap (back when a slot frees) or by time (rate limit, future head: back
 --             when due), so gated work never fills the candidate window. The queue's
@@ -152,21 +153,33 @@ local function tenant_join(X, Q, tenant)
   return admit_new(X, Q, V, floor, tenant)
 end
 
--- The virtual time of a tenant's keys in Q: the member FLOOR_MEMBER of its key set.
+-- Whether a member of a key set is its floor (a set written before the floor's member
+-- was renamed may still hold it under FLOOR_MEMBER until key_floor moves it).
+local function is_key_floor(member)
+  return member == KEY_FLOOR_MEMBER or member == FLOOR_MEMBER
+end
+
+-- The virtual time of a tenant's keys in Q: the member KEY_FLOOR_MEMBER of its key set.
 -- `raw` is its score when the caller read it (false: known missing; nil: not read).
 -- Kept per call by the set's name (one set per tenant, queue and level).
 local function key_floor(X, keys_key, raw)
   X.kfloor = X.kfloor or {}
   local f = X.kfloor[keys_key]
   if f == nil then
-    if raw == nil then raw = redis.call('ZSCORE', keys_key, FLOOR_MEMBER) end
-    local value = tonumber(raw)
+    if raw == nil then raw = redis.call('ZSCORE', keys_key, KEY_FLOOR_MEMBER) end
+    local value, dirty = tonumber(raw), tonumber(raw) == nil
     if value == nil then
-      -- new set, or the member was lost: start from the lowest key tag there
+      -- new set, a set keeping its floor under the old member, or the member was lost
       local low = redis.call('ZRANGE', keys_key, 0, 0, 'WITHSCORES')
       value = #low > 0 and tonumber(low[2]) or 0
+      local old = #low > 0 and redis.call('ZSCORE', keys_key, FLOOR_MEMBER)
+      if old then
+        value, dirty = tonumber(old), false
+        redis.call('ZADD', keys_key, value, KEY_FLOOR_MEMBER)
+        redis.call('ZREM', keys_key, FLOOR_MEMBER)
+      end
     end
-    f = {value = value, dirty = tonumber(raw) == nil}
+    f = {value = value, dirty = dirty}
     X.kfloor[keys_key] = f
   end
   return f
@@ -179,10 +192,13 @@ local function keys_added(X, Q, tenant)
   X.kadded[Q.OB .. '|' .. tenant] = true
 end
 
--- Whether a key set holds any key (beside its floor member).
+-- Whether a key set holds any key (beside its floor member, under either name).
 local function keys_left(keys_key)
-  local m = redis.call('ZRANGE', keys_key, 0, 1)
-  return #m > 1 or (#m == 1 and m[1] ~= FLOOR_MEMBER)
+  local m = redis.call('ZRANGE', keys_key, 0, 2)
+  for i = 1, #m do
+    if not is_key_floor(m[i]) then return true end
+  end
+  return false
 end
 
 -- Where a key new to its tenant starts: the tenant's key floor ('floor'), or one quantum
@@ -216,7 +232,7 @@ end
 -- it is parked).
 local function register_key(X, Q, tenant, flow)
   local kk = tenant_key(Q.OB, tenant, 'keys')
-  local got = redis.call('ZMSCORE', kk, flow, FLOOR_MEMBER, tenant)
+  local got = redis.call('ZMSCORE', kk, flow, KEY_FLOOR_MEMBER, tenant)
   if got[1] then return tonumber(got[1]) end
   if is_parked(X, Q, 'k:' .. flow) then return nil end
   local kf = key_floor(X, kk, got[2])
@@ -232,7 +248,7 @@ local function register_key(X, Q, tenant, flow)
   args[#args + 1] = flow
   if kf.dirty then
     args[#args + 1] = kf.value
-    args[#args + 1] = FLOOR_MEMBER
+    args[#args + 1] = KEY_FLOOR_MEMBER
     kf.dirty = false
   end
   redis.call('ZADD', kk, unpack(args))

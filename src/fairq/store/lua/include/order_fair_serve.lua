@@ -438,13 +438,13 @@ do
     local floor_raw = nil
     if p.complete then floor_raw = false end
     for i = 1, n, 2 do
-      if entries[i] == FLOOR_MEMBER then floor_raw = entries[i + 1] end
+      if entries[i] == KEY_FLOOR_MEMBER then floor_raw = entries[i + 1] end
     end
     local missing = p.disc and E.unread(p.disc, entries)
     local found = {}
     if not p.complete and (missing or floor_raw == nil) then
       -- their tags and (when it was not read) the key floor, in one read
-      local names = {FLOOR_MEMBER}
+      local names = {KEY_FLOOR_MEMBER}
       for i, flow in ipairs(missing or {}) do names[i + 1] = flow end
       found = call_list('ZMSCORE', kk, names)
       if floor_raw == nil then floor_raw = found[1] or false end
@@ -506,7 +506,7 @@ do
     end
     for i = 1, #entries, 2 do
       local flow = entries[i]
-      if flow ~= FLOOR_MEMBER and not (listed and listed[flow]) then
+      if not is_key_floor(flow) and not (listed and listed[flow]) then
         local tag = tonumber(entries[i + 1])
         if tag < floor then tag = floor end
         keys[#keys + 1] = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge,
@@ -953,7 +953,7 @@ do
       local kf = p.kf
       if kf.dirty then
         args[#args + 1] = kf.value
-        args[#args + 1] = FLOOR_MEMBER
+        args[#args + 1] = KEY_FLOOR_MEMBER
         kf.dirty = false
       end
       if #args > 0 then
