@@ -692,3 +692,46 @@ async def test_per_key_gate_applies_per_serve(
         await enq(rq, env, "k", f"k{i}", T0 + i)
     assert len(await deq(rq, env, max_count=10)) == 2
     assert await deq(rq, env, max_count=10) == []
+
+
+# ---------------------------------------------------------------- the sets' encoding
+
+
+async def encoding(rq: RunQueue, key: str) -> str:
+    return s(await rq.client.object("encoding", key))
+
+
+async def test_sets_of_many_tenants_become_skiplists_on_a_tick_and_small_ones_stay_lists(
+    make_queue: Any,
+) -> None:
+    """A server keeps a sorted set of up to 128 members as a compact list, where a tag's
+    update scans the members before it. On a tick (the floor crossing a multiple of 8) a
+    serve converts V:tt, the B:tq copies and the key sets it wrote that hold 32 members or
+    more, and leaves no member behind. Given the floor at 7.5, 40 keys serving as their
+    own tenants (3 runs each): 5 calls of 10 serve everyone at 7.5 and then start the
+    second round at 8.5 (a tick); so does 1 call for 5 keys in another environment. A
+    tenant of 40 keys (2 runs each) is alone in a third environment: its 10th serve
+    starts at 9 (a tick)."""
+    rq = await fair_queue(make_queue)
+    big, small, one = (Environment("org1", "proj1", n) for n in ("big", "small", "one"))
+    for e, n, calls in ((big, 40, 5), (small, 5, 1)):
+        for i in range(n):
+            for r in range(3):
+                await enq(rq, e, f"k{i}", f"r{i}-{r}", T0 + 3 * i + r)
+        await set_floor(rq, e, 7.5)
+        for _ in range(calls):
+            assert len(await deq(rq, e)) == 10
+    for i in range(40):
+        for r in range(2):
+            await enq(rq, one, f"k{i}", f"r{i}-{r}", T0 + 2 * i + r, tenant="acme")
+    assert len(await deq(rq, one)) == 10
+    kk = rq.keys.queue(one, QUEUE).tenant_keys(K.encode_tenant("acme"))
+    assert await encoding(rq, kk) == "skiplist"
+    assert len(await tenant_keys(rq, one, QUEUE, "acme")) == 40
+    for e, want, n in ((big, "skiplist", 40), (small, "listpack", 5)):
+        env_tt, tq = rq.keys.env(e).tenant_tags, rq.keys.queue(e, QUEUE).ready_tenants
+        assert (await encoding(rq, env_tt), await encoding(rq, tq)) == (want, want), e
+        assert (len(await tags(rq, e)), len(await copies(rq, e))) == (n, n), e
+        assert await floor_of(rq, e) == 8.5
+    for key in (kk, rq.keys.env(big).tenant_tags):
+        assert all(not s(m).startswith("~wide") for m in await rq.client.zrange(key, 0, -1))

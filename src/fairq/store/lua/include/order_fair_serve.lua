@@ -901,6 +901,25 @@ do
     end
   end
 
+  --- A sorted set of the order's state that holds this many members or more is kept by
+  --- the server as a skiplist, not as the compact list it keeps sets of up to 128 in
+  --- (zset-max-listpack-entries): in a list, updating one member's tag scans the members
+  --- before it, so with 100 tenants the tags' write-back cost 3 % of a dequeue. Adding a
+  --- member longer than a list keeps (64 bytes) converts the set, and removing it at
+  --- once leaves it converted (a server never converts a set back), so no reader sees it.
+  --- (Fields of E, not locals: the fair build is at Lua's 200 locals.)
+  E.WIDE_AT = 32
+  -- 65 bytes, no tenant's or key's name
+  E.WIDE_MEMBER = '~wide~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
+
+  -- Keep a big set of the order's state a skiplist (see E.WIDE_AT); checked on ticks.
+  function E.keep_wide(key)
+    if redis.call('ZCARD', key) < E.WIDE_AT then return end
+    if redis.call('OBJECT', 'ENCODING', key) ~= 'listpack' then return end
+    redis.call('ZADD', key, 0, E.WIDE_MEMBER)
+    redis.call('ZREM', key, E.WIDE_MEMBER)
+  end
+
   -- The tenants' tags: V:tt (authoritative, with the floor), the copies in B:tq.
   function E.write_tenant_tags(F, tick)
     local X, V = F.X, F.V
@@ -919,6 +938,7 @@ do
     if tick then
       redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
       redis.call('EXPIRE', tt, X.C.state_ttl)
+      E.keep_wide(tt)
     end
     for _, p in ipairs(F.plist) do
       if p.ten.touched and not p.dropped then
@@ -935,7 +955,10 @@ do
         table.remove(args, 1)
         call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
       end
-      if tick then redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl) end
+      if tick then
+        redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl)
+        E.keep_wide(queue_key(B, 'ready_tenants'))
+      end
     end
   end
 
@@ -958,7 +981,10 @@ do
       end
       if #args > 0 then
         call_chunked('ZADD', p.kk, args)
-        if tick then redis.call('EXPIRE', p.kk, F.X.C.state_ttl) end
+        if tick then
+          redis.call('EXPIRE', p.kk, F.X.C.state_ttl)
+          E.keep_wide(p.kk)
+        end
       end
     end
   end
