@@ -155,6 +155,7 @@ do
       bounds = {},         -- B -> no pair of B:tq it did not read has a lower copy
       bound = math.huge,   -- the least of the last gather's bounds (see serve_round)
       widen = false,       -- the last round stopped to read more candidates
+      full = {},           -- B -> a read of B:tq came back full (it may be big: keep_wide)
     }, SERVE_STATE_META)
   end
 
@@ -369,7 +370,10 @@ do
           'WITHSCORES')
         for i = 1, #win, 2 do E.pair_of(F, Q, win[i], tonumber(win[i + 1])) end
         local bound = math.huge
-        if width < most and #win == 2 * width then bound = tonumber(win[#win]) end
+        if #win == 2 * width then
+          F.full[Q.OB] = true
+          if width < most then bound = tonumber(win[#win]) end
+        end
         F.bounds[Q.OB] = bound
         if bound < F.bound then F.bound = bound end
         E.discover(F, Q, width, most)
@@ -912,7 +916,8 @@ do
   -- 65 bytes, no tenant's or key's name
   E.WIDE_MEMBER = '~wide~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
 
-  -- Keep a big set of the order's state a skiplist (see E.WIDE_AT); checked on ticks.
+  -- Keep a big set of the order's state a skiplist (see E.WIDE_AT); checked on ticks, for
+  -- the sets a read of this call found may be big (V:tt, when a B:tq read came back full).
   function E.keep_wide(key)
     if redis.call('ZCARD', key) < E.WIDE_AT then return end
     if redis.call('OBJECT', 'ENCODING', key) ~= 'listpack' then return end
@@ -938,7 +943,7 @@ do
     if tick then
       redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
       redis.call('EXPIRE', tt, X.C.state_ttl)
-      E.keep_wide(tt)
+      if next(F.full) ~= nil then E.keep_wide(tt) end
     end
     for _, p in ipairs(F.plist) do
       if p.ten.touched and not p.dropped then
@@ -957,7 +962,7 @@ do
       end
       if tick then
         redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl)
-        E.keep_wide(queue_key(B, 'ready_tenants'))
+        if F.full[B] then E.keep_wide(queue_key(B, 'ready_tenants')) end
       end
     end
   end
@@ -983,7 +988,7 @@ do
         call_chunked('ZADD', p.kk, args)
         if tick then
           redis.call('EXPIRE', p.kk, F.X.C.state_ttl)
-          E.keep_wide(p.kk)
+          if not p.complete then E.keep_wide(p.kk) end
         end
       end
     end
