@@ -36,6 +36,7 @@ from fairq import keys as K
 from fairq.errors import InvalidLimitError
 from fairq.keys import Environment
 from fairq.models import Delivery
+from fairq.server import connect, is_cluster_url
 from fairq.store import RunQueue
 
 QUEUE = "jobs"
@@ -735,3 +736,35 @@ async def test_sets_of_many_tenants_become_skiplists_on_a_tick_and_small_ones_st
         assert await floor_of(rq, e) == 8.5
     for key in (kk, rq.keys.env(big).tenant_tags):
         assert all(not s(m).startswith("~wide") for m in await rq.client.zrange(key, 0, -1))
+
+
+async def test_a_server_refusing_object_serves_the_same_and_leaves_sets_as_lists(
+    make_queue: Any, redis_url: str
+) -> None:
+    """The conversion asks the server for a set's encoding (OBJECT); a user whose ACL
+    refuses that command dequeues as before (the same 10 runs per call, the floor at 8.5
+    after the tick), and the 40 tenants' sets stay compact lists."""
+    if is_cluster_url(redis_url):
+        pytest.skip("one server's ACL")
+    admin = await fair_queue(make_queue)
+    user = f"noobject-{admin.config.prefix}"
+    await admin.client.acl_setuser(
+        user, enabled=True, nopass=True, categories=["+@all"], commands=["-object"],
+        keys=["*"], channels=["*"],
+    )  # fmt: skip
+    scheme, rest = redis_url.split("://", 1)
+    rq = RunQueue(await connect(f"{scheme}://{user}:x@{rest.split('@')[-1]}"), admin.config)
+    try:
+        e = Environment("org1", "proj1", "acl")
+        for i in range(40):
+            for r in range(3):
+                await enq(rq, e, f"k{i}", f"r{i}-{r}", T0 + 3 * i + r)
+        await set_floor(rq, e, 7.5)
+        for _ in range(5):
+            assert len(await deq(rq, e)) == 10
+        assert await floor_of(rq, e) == 8.5
+        env_tt, tq = rq.keys.env(e).tenant_tags, rq.keys.queue(e, QUEUE).ready_tenants
+        assert (await encoding(admin, env_tt), await encoding(admin, tq)) == ("listpack",) * 2
+    finally:
+        await rq.close()
+        await admin.client.acl_deluser(user)
