@@ -70,6 +70,7 @@ end
 -- `levels` option, highest first (1 before 2 ...).
 local function queue_levels(Q)
   local bits = levels_bits(Q)
+  if bits == 0 then return {BASE_LEVEL} end -- most queues: no other level, no walk
   local out = {}
   for level = 1, MAX_LEVELS do
     if level == BASE_LEVEL or bit.band(bits, bit.lshift(1, level)) ~= 0 then

@@ -167,7 +167,8 @@ local function key_floor(X, keys_key, raw)
   local f = X.kfloor[keys_key]
   if f == nil then
     if raw == nil then raw = redis.call('ZSCORE', keys_key, KEY_FLOOR_MEMBER) end
-    local value, dirty = tonumber(raw), tonumber(raw) == nil
+    local value = tonumber(raw)
+    local dirty = value == nil
     if value == nil then
       -- new set, a set keeping its floor under the old member, or the member was lost
       local low = redis.call('ZRANGE', keys_key, 0, 0, 'WITHSCORES')
@@ -393,7 +394,6 @@ end
 HOOK.slot_freed = function(X, Q, flow, ta)
   local base = Q.base or Q
   if base.order == nil then charges_duration(X, base) end
-  if levels_bits(base) == 0 then return slot_freed_at(X, base, flow, ta) end -- one level
   for _, level in ipairs(queue_levels(base)) do slot_freed_at(X, level_view(base, level), flow, ta) end
 end
 

@@ -948,19 +948,14 @@ do
     end
     for _, p in ipairs(F.plist) do
       if p.ten.touched and not p.dropped then
-        local args = by_queue[p.Q.OB] or {'XX'}
+        local args = by_queue[p.Q.OB] or {}
         by_queue[p.Q.OB] = args
         args[#args + 1] = p.ten.tag
         args[#args + 1] = p.T
       end
     end
     for B, args in pairs(by_queue) do
-      if #args <= UNPACK_CHUNK then -- the usual case (one call serves few tenants): no copy
-        redis.call('ZADD', queue_key(B, 'ready_tenants'), unpack(args))
-      else
-        table.remove(args, 1)
-        call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
-      end
+      call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
       if tick then
         redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl)
         if F.full[B] then E.keep_wide(queue_key(B, 'ready_tenants')) end

@@ -127,13 +127,20 @@ end
 
 -- redis.call on many members at once, chunked so no call passes Lua's unpack limit.
 local UNPACK_CHUNK = 4000
+-- Arguments after `items` (e.g. 'XX') go before them in every call.
 local function call_chunked(command, key, items, ...)
-  local pre = {...}
-  if #pre == 0 and #items <= UNPACK_CHUNK then -- the usual case: one call, no copy
+  local npre = select('#', ...)
+  if npre <= 1 and #items <= UNPACK_CHUNK then -- the usual case: one call, no copy
     if #items == 0 then return 0 end
-    local got = redis.call(command, key, unpack(items))
+    local got
+    if npre == 0 then
+      got = redis.call(command, key, unpack(items))
+    else
+      got = redis.call(command, key, (...), unpack(items))
+    end
     return type(got) == 'number' and got or 0
   end
+  local pre = {...}
   local total = 0
   for i = 1, #items, UNPACK_CHUNK do
     local args = {}
