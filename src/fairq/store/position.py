@@ -668,7 +668,8 @@ class PositionOps(ReaderOps):
                 pipe.hmget(keys.env.message(run_id), run_hash.stored(_RUNNING_READ))
 
         keyed, by_tenant = 0, dict.fromkeys(tenants, 0)
-        for queue, ck, slot_tenant in await self.pipeline(owners) if ids else []:
+        for row in await self.pipeline(owners) if ids else []:
+            queue, ck, slot_tenant = run_hash.read(_RUNNING_READ, row)
             if queue is None or text_of(queue) != snap.queue:
                 continue
             keyed += 1 if ck else 0

@@ -390,7 +390,8 @@ class ReaderOps(StoreCore):
                 pipe.hmget(e.message(run_id), run_hash.stored(_OWNER_READ))
 
         counts: dict[str, int] = {}
-        for queue, key in await self.pipeline(owners) if ids else []:
+        for row in await self.pipeline(owners) if ids else []:
+            queue, key = run_hash.read(_OWNER_READ, row)
             if queue is not None and key:
                 counts[text_of(queue)] = counts.get(text_of(queue), 0) + 1
         return counts
@@ -418,7 +419,9 @@ class ReaderOps(StoreCore):
             extra = sorted(
                 {
                     K.flow_of(text_of(k), text_of(n) if n else "")
-                    for qn, k, n in await self.pipeline(owners)
+                    for qn, k, n in (
+                        run_hash.read(_FLOW_OWNER_READ, row) for row in await self.pipeline(owners)
+                    )
                     if qn is not None and text_of(qn) == queue and (k or n)
                 }
                 - set(names)

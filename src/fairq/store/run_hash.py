@@ -37,18 +37,24 @@ class RunField:
     kind: Kind
     #: What it holds.
     meaning: str
+    #: The value a field with a default stands for while absent: an enqueue does not
+    #: write it (three fewer of a new run's fields), and every reader returns it for a
+    #: missing field (None: no default; the readers return a missing field as missing).
+    absent: str | None = None
 
 
 #: Every field of the run hash, by name.
 RUN_FIELDS: Final[dict[str, RunField]] = {
     "queue": RunField("q", "text", "the run's queue"),
-    "ck": RunField("k", "text", "its encoded concurrency key ('' = none)"),
+    "ck": RunField("k", "text", "its encoded concurrency key ('' = none)", absent=""),
     "tenant": RunField("n", "text", "the encoded tenant its enqueue named (absent = none)"),
     "payload": RunField("p", "json", "its payload"),
     "score": RunField("s", "ms", "its place in its queue: available at - priority"),
     "enqueued_at": RunField("t", "ms", "when it was enqueued"),
-    "attempts": RunField("a", "int", "failed attempts so far"),
-    "lease_token": RunField("d", "int", "deliveries so far: the lease token of the last"),
+    "attempts": RunField("a", "int", "failed attempts so far", absent="0"),
+    "lease_token": RunField(
+        "d", "int", "deliveries so far: the lease token of the last", absent="0"
+    ),
     "ttl_deadline": RunField("x", "ms", "when it expires unless delivered (0 = never)"),
     "state": RunField("st", "word", "queued | running | dlq (see RUN_STATES)"),
     "lease_deadline": RunField("l", "ms", "when its lease lapses (a dead letter: when it died)"),
@@ -122,9 +128,21 @@ def stored(names: Iterable[str]) -> list[str]:
     return [RUN_FIELDS[name].stored for name in names]
 
 
+def read(names: Sequence[str], values: Sequence[Any]) -> list[Any]:
+    """An HMGET reply of ``stored(names)``, each missing field with a default as its
+    default (:attr:`RunField.absent`); a field without one stays None."""
+    out = list(values)
+    if len(out) != len(names):
+        raise ValueError(f"{len(out)} values for {len(names)} run-hash fields")
+    for i, name in enumerate(names):
+        if out[i] is None:
+            out[i] = RUN_FIELDS[name].absent
+    return out
+
+
 def by_name(names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
-    """An HMGET reply of ``stored(names)`` by field name."""
-    return dict(zip(names, values, strict=True))
+    """An HMGET reply of ``stored(names)`` by field name (as :func:`read`)."""
+    return dict(zip(names, read(names, values), strict=True))
 
 
 def reads_called(source: str) -> list[str]:
@@ -140,10 +158,15 @@ def reads_called(source: str) -> list[str]:
     return [name for name in RUN_READS if name in called]
 
 
+def _lua_value(name: str, i: int) -> str:
+    absent = RUN_FIELDS[name].absent
+    return f"f[{i}]" if absent is None else f"f[{i}] or '{absent}'"
+
+
 def _lua_reader(name: str) -> str:
     fields = RUN_READS[name]
     args = ", ".join(f"'{RUN_FIELDS[f].stored}'" for f in fields)
-    values = ", ".join(f"f[{i}]" for i in range(1, len(fields) + 1))
+    values = ", ".join(_lua_value(f, i) for i, f in enumerate(fields, start=1))
     return "\n".join(
         [
             f"-- {', '.join(fields)}",

@@ -66,7 +66,7 @@ for n = 1, count do
         error = outcome.error, traceback = outcome.traceback, started_at = started,
         finished_at = X.now, result = outcome.result})
     end
-    recent_add(X, Q, run, status, attempts or '0', started, ck, ta)
+    recent_add(X, Q, run, status, attempts, started, ck, ta)
     history_add(X, Q, status, 1)
     if started then
       history_add(X, Q, 'run_ms', X.now - started)

@@ -21,7 +21,7 @@ do
       expire_run(X, Q, ck, run, member, tonumber(attempts))
       return nil
     end
-    local token = tonumber(lease_token or '0') + 1
+    local token = tonumber(lease_token) + 1
     if expires > 0 then
       -- a delivered run loses its TTL (a retry must not expire it)
       redis.call('HSET', mkey, RUN_FIELD.state, 'running', RUN_FIELD.lease_deadline, deadline,

@@ -82,16 +82,18 @@ local function run_options(text)
   return RUN_OPTIONS.values[text] or memo_get(RUN_OPTIONS, text, run_options_checked, text)
 end
 
--- The fields of a new run's hash (the optional ones only when set), from its slots
--- runs[t + 1 ..] (enqueue.lua's list).
+-- The fields of a new run's hash (the optional ones only when set, and those with a
+-- default -- key, attempts, lease token: run_hash.py's `absent` -- only when not it), from its
+-- slots runs[t + 1 ..] (enqueue.lua's list).
 local function run_fields(runs, t, queue, now)
   local field = RUN_FIELD
   local tenant, keep, trace, ttl_deadline, level, timeout = runs[t + 3], runs[t + 4],
     runs[t + 5], runs[t + 9], runs[t + 10], runs[t + 11]
-  local fields = {field.queue, queue, field.ck, runs[t + 2], field.payload, runs[t + 6],
-    field.score, runs[t + 8], field.enqueued_at, now, field.attempts, 0, field.lease_token, 0,
-    field.state, 'queued'}
-  local n = 16
+  local ck = runs[t + 2]
+  local fields = {field.queue, queue, field.payload, runs[t + 6], field.score, runs[t + 8],
+    field.enqueued_at, now, field.state, 'queued'}
+  local n = 10
+  if ck ~= '' then fields[n + 1], fields[n + 2], n = field.ck, ck, n + 2 end
   if tenant ~= '' then fields[n + 1], fields[n + 2], n = field.tenant, tenant, n + 2 end
   if ttl_deadline > 0 then
     fields[n + 1], fields[n + 2], n = field.ttl_deadline, ttl_deadline, n + 2
@@ -124,10 +126,13 @@ end
 local function create_run_hash(mkey, runs, t, queue, now, free)
   if runs[t + 3] == '' and runs[t + 4] == '' and runs[t + 5] == '' and runs[t + 9] == 0
       and runs[t + 10] == BASE_LEVEL and runs[t + 11] == 0 then
-    local field = RUN_FIELD
-    return hash_create(mkey, free, 8, field.queue, queue, field.ck, runs[t + 2],
-      field.payload, runs[t + 6], field.score, runs[t + 8], field.enqueued_at, now,
-      field.attempts, 0, field.lease_token, 0, field.state, 'queued')
+    local field, ck = RUN_FIELD, runs[t + 2]
+    if ck == '' then
+      return hash_create(mkey, free, 5, field.queue, queue, field.payload, runs[t + 6],
+        field.score, runs[t + 8], field.enqueued_at, now, field.state, 'queued')
+    end
+    return hash_create(mkey, free, 6, field.queue, queue, field.ck, ck, field.payload,
+      runs[t + 6], field.score, runs[t + 8], field.enqueued_at, now, field.state, 'queued')
   end
   local fields, n = run_fields(runs, t, queue, now)
   return hash_create(mkey, free, n / 2, unpack(fields, 1, n))

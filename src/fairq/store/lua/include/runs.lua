@@ -320,10 +320,10 @@ local function expire_run(X, Q, ck, run, member, attempts)
   redis.call('DEL', run_key(X.tag, member))
   X.ttl_del[#X.ttl_del + 1] = member
   write_outcome(X, member, {
-    status = 'expired', queue = Q.name, key = ck, attempts = attempts or 0,
+    status = 'expired', queue = Q.name, key = ck, attempts = attempts,
     finished_at = X.now,
   })
-  recent_add(X, Q, run, 'expired', attempts or 0, nil, ck, '')
+  recent_add(X, Q, run, 'expired', attempts, nil, ck, '')
   history_add(X, Q, 'expired', 1)
 end
 
