@@ -1,6 +1,7 @@
 """A run hash stores no field at its default: a new run's key (when it has none), its
-attempts and its lease token are absent until they differ, and every reader (the
-scripts' generated readers, the Python ones) returns a missing field as its default."""
+attempts and its lease token are absent until they differ (as its tenant, TTL, outcome
+policy and trace always were), and every reader (the scripts' generated
+readers, the Python ones) returns a missing field as its default."""
 
 from __future__ import annotations
 
@@ -88,17 +89,20 @@ async def test_a_running_keyless_run_of_a_named_tenant_is_its_tenants_flow_in_th
 
 
 def test_the_python_reader_returns_a_missing_field_with_a_default_as_it() -> None:
-    names = ("queue", "ck", "attempts", "lease_token", "tenant")
+    names = ("queue", "ck", "attempts", "lease_token", "lease_start")
     assert run_hash.read(names, [b"q", None, None, None, None]) == [b"q", "", "0", "0", None]
     assert run_hash.by_name(names, [None] * 5) == {
-        "queue": None, "ck": "", "attempts": "0", "lease_token": "0", "tenant": None,
+        "queue": None, "ck": "", "attempts": "0", "lease_token": "0", "lease_start": None,
     }  # fmt: skip
     with pytest.raises(ValueError, match="2 values for 5"):
         run_hash.read(names, [None, None])
+    optional = ("tenant", "slot_tenant", "ttl_deadline", "outcome_policy", "trace", "level")
+    assert run_hash.read(optional, [None] * 6) == ["", "", "0", "", "", None]
 
 
 def test_the_generated_readers_return_a_missing_field_with_a_default_as_it() -> None:
     lua = run_hash.lua_run_hash(["claim"])
     assert "f[2] or '0'" in lua  # attempts
     assert "f[6] or '0'" in lua  # lease_token
+    assert "f[5] or '0'" in lua and "f[9] or ''" in lua  # ttl_deadline, trace
     assert "f[1] or" not in lua  # payload: no default

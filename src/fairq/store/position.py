@@ -455,8 +455,7 @@ class PositionOps(ReaderOps):
             info = await self.get_run(env, run_id)
             return None if info is None else RunPosition.of_info(info, now)
         assert at is not None
-        queue, ck = text_of(h["queue"]), text_of(h["ck"] or "")
-        tenant = text_of(h["tenant"]) if h["tenant"] else ""
+        queue, ck, tenant = text_of(h["queue"]), text_of(h["ck"]), text_of(h["tenant"])
         score = int(float(text_of(h["score"])))
         level = _int(h["level"]) or K.BASE_LEVEL
         flow = K.flow_of(ck, tenant)

@@ -53,6 +53,8 @@ ENV_DEFAULTS: Final = (
 
 #: What the readers read of a run hash (fairq.store.run_hash field names).
 _OWNER_READ: Final = ("queue", "ck")
+#: What places a running run in its queue's priority levels.
+_LEVEL_READ: Final = ("queue", "level")
 #: What locates a running run's flow: its queue, key and the tenant its slot counts under.
 _FLOW_OWNER_READ: Final = ("queue", "ck", "slot_tenant")
 _DEAD_LETTER_READ: Final = (
@@ -371,10 +373,11 @@ class ReaderOps(StoreCore):
 
         def owners(pipe: Any) -> None:
             for run_id in ids:
-                pipe.hmget(e.message(run_id), run_hash.stored(("queue", "level")))
+                pipe.hmget(e.message(run_id), run_hash.stored(_LEVEL_READ))
 
         out: dict[int, int] = {}
-        for owner, level in await self.pipeline(owners) if ids else []:
+        for row in await self.pipeline(owners) if ids else []:
+            owner, level = run_hash.read(_LEVEL_READ, row)
             if owner is not None and text_of(owner) == queue:
                 lv = int(level) if level is not None else K.BASE_LEVEL
                 out[lv] = out.get(lv, 0) + 1
@@ -653,7 +656,7 @@ class ReaderOps(StoreCore):
                     queue=text_of(h["queue"]),
                     run_id=run_id,
                     concurrency_key=K.decode_concurrency_key(text_of(ck)) if ck else None,
-                    attempt=int(h["attempts"] or 0),
+                    attempt=int(h["attempts"]),
                     dead_lettered_at_ms=int(score),
                     payload_json=text_of(h["payload"]),
                     error=_opt(h["error"]) or None,
@@ -700,7 +703,7 @@ class ReaderOps(StoreCore):
             queue=_opt(h["queue"]),
             concurrency_key=K.decode_concurrency_key(text_of(ck)) if ck else None,
             tenant=K.decode_tenant(text_of(tenant)) if tenant else None,
-            attempts=int(h["attempts"] or 0),
+            attempts=int(h["attempts"]),
             enqueued_at_ms=int(float(h["enqueued_at"])) if h["enqueued_at"] else None,
             due_at_ms=int(float(score)) if score and state == "queued" else None,
             started_at_ms=int(float(started)) if started and state == "running" else None,

@@ -37,9 +37,12 @@ class RunField:
     kind: Kind
     #: What it holds.
     meaning: str
-    #: The value a field with a default stands for while absent: an enqueue does not
-    #: write it (three fewer of a new run's fields), and every reader returns it for a
-    #: missing field (None: no default; the readers return a missing field as missing).
+    #: The value a field with a default stands for while absent: an enqueue writes it
+    #: only when it differs, and every reader returns it for a missing field, so no
+    #: script or Python reader keeps a fallback of its own (None: no default; the
+    #: readers return a missing field as missing). The level and the timeout have none:
+    #: their readers want numbers (a missing level is the base level, level_view's nil; a
+    #: missing timeout is delivered as the number 0, cheaper in a reply than a text).
     absent: str | None = None
 
 
@@ -47,7 +50,7 @@ class RunField:
 RUN_FIELDS: Final[dict[str, RunField]] = {
     "queue": RunField("q", "text", "the run's queue"),
     "ck": RunField("k", "text", "its encoded concurrency key ('' = none)", absent=""),
-    "tenant": RunField("n", "text", "the encoded tenant its enqueue named (absent = none)"),
+    "tenant": RunField("n", "text", "the encoded tenant its enqueue named ('' = none)", absent=""),
     "payload": RunField("p", "json", "its payload"),
     "score": RunField("s", "ms", "its place in its queue: available at - priority"),
     "enqueued_at": RunField("t", "ms", "when it was enqueued"),
@@ -55,16 +58,21 @@ RUN_FIELDS: Final[dict[str, RunField]] = {
     "lease_token": RunField(
         "d", "int", "deliveries so far: the lease token of the last", absent="0"
     ),
-    "ttl_deadline": RunField("x", "ms", "when it expires unless delivered (0 = never)"),
+    "ttl_deadline": RunField("x", "ms", "when it expires unless delivered (0 = never)", absent="0"),
     "state": RunField("st", "word", "queued | running | dlq (see RUN_STATES)"),
     "lease_deadline": RunField("l", "ms", "when its lease lapses (a dead letter: when it died)"),
     "lease_start": RunField("ls", "ms", "when its last delivery leased it"),
     "slot_tenant": RunField(
-        "ta", "text", "the named tenant whose slot count it holds while running ('' = none)"
+        "ta",
+        "text",
+        "the named tenant whose slot count it holds while running ('' = none)",
+        absent="",
     ),
-    "outcome_policy": RunField("o", "word", "'keep': keep a completion's outcome without result"),
+    "outcome_policy": RunField(
+        "o", "word", "'keep': keep a completion's outcome without result", absent=""
+    ),
     "timeout": RunField("to", "ms", "how long one attempt may run (absent = no limit)"),
-    "trace": RunField("tc", "text", "the trace context of its enqueue (absent = none)"),
+    "trace": RunField("tc", "text", "the trace context of its enqueue ('' = none)", absent=""),
     "error": RunField("e", "text", "the error of its last failed attempt"),
     "traceback": RunField("tb", "text", "the traceback of its last failed attempt"),
     "cancel_requested": RunField("cx", "ms", "when a cancellation was asked while it ran"),

@@ -53,7 +53,7 @@ for n = 1, count do
   else
     local env_id, run = env_ids[n], run_ids[n]
     local Q = run_queue(X, env_id, queue)
-    local ta = slot_tenant or ''
+    local ta = slot_tenant
     local flow = flow_of(ck, ta)
     free_slots_later(X, Q, flow, run, ta)
     X.lease_del[#X.lease_del + 1] = member

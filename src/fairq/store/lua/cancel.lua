@@ -42,18 +42,18 @@ if state == 'running' then
   return S.CANCEL_REQUESTED
 end
 local outcome = {status = 'cancelled', queue = queue, key = ck,
-  tenant = tenant or '', attempts = tonumber(attempts) or 0, finished_at = X.now}
+  tenant = tenant, attempts = tonumber(attempts), finished_at = X.now}
 if state == 'dlq' then
   redis.call('ZREM', env_key(Q.V, 'dlq'), run)
   redis.call('DEL', mkey)
   write_outcome(X, member, outcome)
   return S.REMOVED_FROM_DLQ
 end
-unqueue_and_refresh(X, level_view(Q, tonumber(level)), flow_of(ck, tenant or ''), run)
-if tonumber(ttl_deadline or '0') > 0 then X.ttl_del[#X.ttl_del + 1] = member end
+unqueue_and_refresh(X, level_view(Q, tonumber(level)), flow_of(ck, tenant), run)
+if tonumber(ttl_deadline) > 0 then X.ttl_del[#X.ttl_del + 1] = member end
 redis.call('DEL', mkey)
 write_outcome(X, member, outcome)
-recent_add(X, Q, run, 'cancelled', tonumber(attempts) or 0, nil, ck, '')
+recent_add(X, Q, run, 'cancelled', tonumber(attempts), nil, ck, '')
 history_add(X, Q, 'cancelled', 1)
 HOOK.finish(X)
 state_flush(X)

@@ -25,7 +25,7 @@ for _, member in ipairs(due) do
   if queue and state == 'queued' then
     local env_id, run = split_member(member)
     local Q = run_queue(X, env_id, queue)
-    unqueue_and_refresh(X, level_view(Q, tonumber(level)), flow_of(ck, tenant or ''), run)
+    unqueue_and_refresh(X, level_view(Q, tonumber(level)), flow_of(ck, tenant), run)
     expire_run(X, Q, ck, run, member, tonumber(attempts))
     reply[2] = reply[2] + 1
     reply[#reply + 1] = member

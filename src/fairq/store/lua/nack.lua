@@ -53,7 +53,7 @@ local queue, ck, state, lease_token, attempts, slot_tenant, tenant, lease_start,
 if not queue then return {S.UNKNOWN_RUN, 0} end
 if state ~= 'running' or not same_token(lease_token, token) then return {S.LEASE_LOST, 0} end
 local Q = run_queue(X, env_id, queue)
-local ta = slot_tenant or ''
+local ta = slot_tenant
 local attempt = tonumber(attempts) + increment
 local flow = flow_of(ck, ta)
 free_slots(X, Q, flow, run, ta)
@@ -87,7 +87,7 @@ else
   redis.call('HSET', mkey, RUN_FIELD.attempts, attempt, RUN_FIELD.state, 'queued',
     RUN_FIELD.score, retry_at, RUN_FIELD.error, error_text,
     RUN_FIELD.traceback, traceback, RUN_FIELD.slot_tenant, '')
-  place_queued(X, level_queue(Q, level), flow_of(ck, tenant or ''), run, retry_at)
+  place_queued(X, level_queue(Q, level), flow_of(ck, tenant), run, retry_at)
   if increment > 0 then history_add(X, Q, 'retried', 1) end
   status = S.REQUEUED
 end

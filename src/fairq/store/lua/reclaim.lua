@@ -33,22 +33,22 @@ for _, member in ipairs(lapsed) do
   if queue and state == 'running' then
     local env_id, run = split_member(member)
     local Q = run_queue(X, env_id, queue)
-    local flow = flow_of(ck, slot_tenant or '')
-    free_slots(X, Q, flow, run, slot_tenant or '')
+    local flow = flow_of(ck, slot_tenant)
+    free_slots(X, Q, flow, run, slot_tenant)
     -- the lapsed lease is charged the time it held its slot, like a finished run
     local started = tonumber(lease_start)
     level = tonumber(level)
     if started then
-      HOOK.charge(X, level_view(Q, level), flow, slot_tenant or '', X.now - started)
+      HOOK.charge(X, level_view(Q, level), flow, slot_tenant, X.now - started)
     end
     shares_received(received, Q.B, flow, started, X.now)
     if cancel_requested then
       end_cancelled(X, Q, member, run, {ck = ck, tenant = tenant,
-        slot_tenant = slot_tenant or '', attempts = tonumber(attempts) or 0,
+        slot_tenant = slot_tenant, attempts = tonumber(attempts),
         started = started, error = ''})
     else
       redis.call('HSET', mkey, RUN_FIELD.state, 'queued', RUN_FIELD.slot_tenant, '')
-      place_queued(X, level_queue(Q, level), flow_of(ck, tenant or ''), run, tonumber(score))
+      place_queued(X, level_queue(Q, level), flow_of(ck, tenant), run, tonumber(score))
       reply[2] = reply[2] + 1
       reply[#reply + 1] = member
     end

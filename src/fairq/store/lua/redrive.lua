@@ -27,7 +27,7 @@ redis.call('ZREM', env_key(Q.V, 'dlq'), run)
 redis.call('HSET', mkey, RUN_FIELD.attempts, 0, RUN_FIELD.state, 'queued',
   RUN_FIELD.score, X.now)
 redis.call('HDEL', mkey, RUN_FIELD.cancel_requested, RUN_FIELD.progress)
-place_queued(X, level_queue(Q, tonumber(level)), flow_of(ck, tenant or ''), run, X.now)
+place_queued(X, level_queue(Q, tonumber(level)), flow_of(ck, tenant), run, X.now)
 X.wake = true
 HOOK.finish(X)
 state_flush(X)

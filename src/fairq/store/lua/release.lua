@@ -32,8 +32,8 @@ for _, t in ipairs(todo) do
   elseif state ~= 'running' or not same_token(lease_token, t[2]) then
     statuses[#statuses + 1] = S.LEASE_LOST
   else
-    local removed = free_slots(X, run_queue(X, t[3], queue), flow_of(ck, slot_tenant or ''), t[4],
-      slot_tenant or '')
+    local removed = free_slots(X, run_queue(X, t[3], queue), flow_of(ck, slot_tenant), t[4],
+      slot_tenant)
     if removed == 1 then redis.call('HSET', mkey, RUN_FIELD.slot_tenant, '') end
     statuses[#statuses + 1] = removed == 1 and S.RELEASED or S.NOT_HELD
   end

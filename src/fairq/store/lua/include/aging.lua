@@ -14,7 +14,7 @@ local function promote_run(X, Q, key, run, due)
   local mkey = run_key(X.tag, Q.env_id .. ':' .. run)
   local queue, ck, state, tenant, score, level = run_read_promote(mkey)
   level = tonumber(level) or BASE_LEVEL
-  local flow = flow_of(ck, tenant or '')
+  local flow = flow_of(ck, tenant)
   if state ~= 'queued' or queue ~= Q.name or level <= 1
       or unqueue(X, level_view(Q, level), flow, run) ~= 1 then
     redis.call('ZREM', key, run)

@@ -14,7 +14,7 @@ do
     local mkey = run_key(X.tag, member)
     local payload, attempts, score, enqueued_at, ttl_deadline, lease_token, timeout,
       outcome_policy, trace = run_read_claim(mkey)
-    local expires = tonumber(ttl_deadline or '0')
+    local expires = tonumber(ttl_deadline)
     if not payload then
       return nil -- stale: the run was finished elsewhere; nothing to deliver
     elseif expires > 0 and expires <= X.now then
@@ -36,7 +36,7 @@ do
     X.lease_add[#X.lease_add + 1] = member
     taken[#taken + 1] = run
     delivery_add(out, run, Q.name, payload, ck, ta, attempts, token, score, enqueued_at,
-      timeout or 0, outcome_policy or '', trace or '')
+      timeout or 0, outcome_policy, trace)
     return math.max(0, X.now - (tonumber(score) or X.now))
   end
 

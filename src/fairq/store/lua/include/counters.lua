@@ -27,8 +27,8 @@ local function running_truth(tag, V, env_id, queue_name)
   for _, run in ipairs(redis.call('SMEMBERS', env_key(V, 'inflight'))) do
     local queue, ck, slot_tenant = run_read_running_truth(run_key(tag, env_id .. ':' .. run))
     if queue == queue_name then
-      if ck and ck ~= '' then keyed = keyed + 1 end
-      if slot_tenant and slot_tenant ~= '' then
+      if ck ~= '' then keyed = keyed + 1 end
+      if slot_tenant ~= '' then
         tenants[slot_tenant] = (tenants[slot_tenant] or 0) + 1
       end
     end
