@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import re
 import tempfile
 from collections import Counter
@@ -36,12 +35,9 @@ from typing import Any
 from lupa import lua51  # type: ignore[import-untyped]
 
 from fairq import Fairq, RetryPolicy, RunQueueConfig
-from fairq.keys import Environment
-from fairq.server import EmbeddedServer, connect, free_port
-from fairq.store import RunQueue
+from fairq.server import EmbeddedServer, free_port
 from fairq.store import scripts as script_module
 
-T0 = 1_000_000
 WARM_OPS = 20
 
 #: Lua of the runtime around a library: ``redis`` (calls passed to Python), ``bit``,
@@ -228,28 +224,12 @@ async def run(workload: str, n: int, lua: LuaServer, port: int) -> int:
         lua.on = False
         await app.aclose()
         return n
-    order, keys_text, tenants_text = workload.split(":")
-    keys, tenants = int(keys_text), int(tenants_text)
-    config = RunQueueConfig(prefix="bi", default_env_concurrency=100_000)
-    rq = RunQueue(
-        await connect(url), config.with_vtime(enabled=order == "fair"), rng=random.Random(1)
-    )
-    env = Environment("bench", "p", "e")
-    from server_instructions import load_keyed  # type: ignore[import-not-found]
+    from server_instructions import keyed_cycles  # type: ignore[import-not-found]
 
-    await load_keyed(rq, env, n, keys, tenants)
-    done = batches = 0
-    while done < n:
-        lua.on = batches >= WARM_OPS
-        batch = await rq.dequeue_from_queue(env, "bench", keyed=True, max_count=10, now_ms=T0 + n)
-        await rq.ack(batch, now_ms=T0 + n)
-        if not batch:
-            break
-        done += len(batch)
-        batches += 1
-    lua.on = False
-    await rq.close()
-    return batches - WARM_OPS
+    def measuring(on: bool) -> None:
+        lua.on = on
+
+    return int(await keyed_cycles(workload, n, url, measuring))
 
 
 def report(lua: LuaServer, ops: int, top: int) -> dict[str, Any]:

@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +84,6 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
     """Run one workload against the server on ``port`` (callgrind ``pid``); returns the
     number of operations measured."""
     from fairq import Fairq, RetryPolicy, RunQueueConfig
-    from fairq.keys import Environment
-    from fairq.server import connect
-    from fairq.store import RunQueue
 
     url = f"redis://127.0.0.1:{port}/0"
     if workload in ("trigger", "trigger_fair", "drain"):
@@ -121,6 +118,19 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
         return measured
     if workload.startswith("spread:"):
         return await _spread_client(workload, n, url, pid)
+    return await keyed_cycles(workload, n, url, lambda on: _instrument(pid, on))
+
+
+async def keyed_cycles(workload: str, n: int, url: str, measuring: Callable[[bool], None]) -> int:
+    """``fair:KEYS:TENANTS`` / ``age:KEYS:TENANTS``: ``n`` keyed runs queued
+    (:func:`load_keyed`), then dequeue 10 + ack until they are served; ``measuring(True)``
+    once the first WARM_OPS batches are done, ``measuring(False)`` at the end. Returns the
+    batches measured."""
+    from fairq import RunQueueConfig
+    from fairq.keys import Environment
+    from fairq.server import connect
+    from fairq.store import RunQueue
+
     order, keys_text, tenants_text = workload.split(":")
     keys, tenants = int(keys_text), int(tenants_text)
     config = RunQueueConfig(prefix="bi", default_env_concurrency=100_000)
@@ -132,14 +142,14 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
     done = batches = 0
     while done < n:
         if batches == WARM_OPS:
-            _instrument(pid, True)
+            measuring(True)
         batch = await rq.dequeue_from_queue(env, "bench", keyed=True, max_count=10, now_ms=T0 + n)
         await rq.ack(batch, now_ms=T0 + n)
         if not batch:
             break
         done += len(batch)
         batches += 1
-    _instrument(pid, False)
+    measuring(False)
     await rq.close()
     return batches - WARM_OPS
 
