@@ -46,12 +46,12 @@ _RUNTIME = """
 local py_call, py_bit, py_json = ...
 redis = {
   call = function(...)
-    local ok, value, err = py_call(false, ...)
+    local value, err = py_call(...)
     if err then error({err = err}, 0) end
     return value
   end,
   pcall = function(...)
-    local ok, value, err = py_call(true, ...)
+    local value, err = py_call(...)
     if err then return {err = err} end
     return value
   end,
@@ -112,13 +112,14 @@ class LuaServer:
     def _json_encode(self, value: Any) -> bytes:
         return json.dumps(_from_lua(value), separators=(",", ":")).encode()
 
-    def _call(self, protected: bool, *args: Any) -> tuple[bool, Any, Any]:
+    def _call(self, *args: Any) -> tuple[Any, Any]:
+        """One command on the server: (its reply as Lua sees it, None) or (None, its error)."""
         self.conn.send_command(*args)
         try:
             raw = self.conn.read_response()
         except Exception as exc:  # a command's error reply
-            return True, None, str(exc).encode()
-        return True, self._to_lua(raw), None
+            return None, str(exc).encode()
+        return self._to_lua(raw), None
 
     def _to_lua(self, value: Any) -> Any:
         if value is None:
