@@ -250,6 +250,7 @@ STATE_FIELDS: Final[dict[str, tuple[bool, str]]] = {
     "hpark": (False, "parked-due key -> whether it may hold members (probed once)"),
     "qconf": (False, "B -> a run's queue config read by a hook"),
     "qcharge": (False, "B -> {duration, parked}: how a run's queue charges"),
+    "parked_levels": (False, "B -> the views of its levels where something may be parked"),
     "slots_held": (False, "flow slot set -> slots it holds (read once, then tracked)"),
     "queue_in_flight": (False, "B -> runs of the queue in flight (its total cap)"),
     "overrides": (False, "B -> which override hashes the queue has, and values read"),

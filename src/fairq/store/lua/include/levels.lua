@@ -67,19 +67,25 @@ local function levels_bits(Q)
 end
 
 -- The levels of Q whose keys may hold something: BASE_LEVEL and the bits of its
--- `levels` option, highest first (1 before 2 ...).
-local function queue_levels(Q)
-  local bits = levels_bits(Q)
-  if bits == 0 then return {BASE_LEVEL} end -- most queues: no other level, no walk
-  local out = {}
-  for level = 1, MAX_LEVELS do
-    if level == BASE_LEVEL or bit.band(bits, bit.lshift(1, level)) ~= 0 then
-      out[#out + 1] = level
-    end
-  end
-  return out
-end
+-- `levels` option, highest first (1 before 2 ...). Read only: for a queue with no other
+-- level (most queues) it is one shared list, so no table is made.
+local queue_levels
+do
+  -- (a local of this block only: a library's main chunk may hold at most 200 locals)
+  local only_base = {BASE_LEVEL}
 
+  function queue_levels(Q)
+    local bits = levels_bits(Q)
+    if bits == 0 then return only_base end
+    local out = {}
+    for level = 1, MAX_LEVELS do
+      if level == BASE_LEVEL or bit.band(bits, bit.lshift(1, level)) ~= 0 then
+        out[#out + 1] = level
+      end
+    end
+    return out
+  end
+end
 
 -- Q at `level`, to place a run there: the first run of a level other than BASE_LEVEL
 -- records it in the queue's `levels` bits (what the scripts that serve read).

@@ -329,9 +329,8 @@ HOOK.flow_drained = function(X, Q, flow)
 end
 
 -- A slot of `flow` (counted under named tenant `ta`, '' = none) was freed: what its
--- cap held back may compete again.
+-- cap held back in Q (where something may be parked) may compete again.
 local function slot_freed_at(X, Q, flow, ta)
-  if not has_park(X, Q) then return end
   local tenant = (ta ~= nil and ta ~= '') and ta or default_tenant(Q.name, flow)
   local members = {'k:' .. flow, 't:' .. tenant}
   local values = redis.call('HMGET', queue_key(Q.OB, 'parked'), members[1], members[2])
@@ -388,22 +387,48 @@ HOOK.charge = function(X, Q, flow, ta, duration_ms)
   end
 end
 
--- A slot was freed (see slot_freed_at). A cap holds across levels: what it held back at
--- any level may compete again. (The few config fields charges_duration reads say which
--- levels the queue has, when the script has not read its config.)
-HOOK.slot_freed = function(X, Q, flow, ta)
-  local base = Q.base or Q
-  if base.order == nil then charges_duration(X, base) end
-  for _, level in ipairs(queue_levels(base)) do slot_freed_at(X, level_view(base, level), flow, ta) end
+-- (A block: its helper is a local of the block only, as a library's main chunk may hold
+-- at most 200 locals.)
+do
+  -- The views of base queue Q's levels where something may be parked, listed once per
+  -- queue per call (most queues: none), so each freed slot looks only there. A cap holds
+  -- across levels: what it held back at any level may compete again when a slot frees.
+  -- (The few config fields charges_duration reads say which levels the queue has, when the
+  -- script has not read its config. The scripts that free slots never park, so the list
+  -- holds for the whole call.)
+  local function parked_levels(X, Q)
+    X.parked_levels = X.parked_levels or {}
+    local views = X.parked_levels[Q.B]
+    if views == nil then
+      if Q.order == nil then charges_duration(X, Q) end
+      views = {}
+      local levels = queue_levels(Q)
+      for i = 1, #levels do
+        local view = level_view(Q, levels[i])
+        if has_park(X, view) then views[#views + 1] = view end
+      end
+      X.parked_levels[Q.B] = views
+    end
+    return views
+  end
+
+  -- A slot was freed: what its cap held back, at any level, may compete again.
+  HOOK.slot_freed = function(X, Q, flow, ta)
+    local base = Q.base or Q
+    local known = X.parked_levels
+    local views = known and known[base.B] or parked_levels(X, base)
+    for i = 1, #views do slot_freed_at(X, views[i], flow, ta) end
+  end
 end
 
 -- A dequeue of consumer pool `pool`: its fair queues join that pool's tenant state (the
 -- scripts that start from one of their runs then use it too).
 -- A consumer that serves every queue the environment has had is the pool of them all (0),
 -- whatever its list says (remembered as the env's `pool_all` until a new queue appears).
--- (A library's main chunk may hold at most 200 locals: the helper is the hook's own.)
-HOOK.use_pool = function(X, env, by_name, pool)
-  local function covers_every_queue()
+-- (A block: its helper is a local of the block only, as a library's main chunk may hold
+-- at most 200 locals.)
+do
+  local function covers_every_queue(env, by_name, pool)
     if env.options.pool_all == pool then return true end
     for _, name in ipairs(redis.call('SMEMBERS', env_key(env.V, 'queues'))) do
       if by_name[name] == nil then return false end
@@ -411,16 +436,19 @@ HOOK.use_pool = function(X, env, by_name, pool)
     redis.call('HSET', env_key(env.V, 'config'), 'pool_all', pool)
     return true
   end
-  if pool ~= 0 and covers_every_queue() then pool = 0 end
-  local V = env.V
-  for name, Q in pairs(by_name) do
-    if Q.order == 'fair' and Q.pool ~= pool then
-      if pool == 0 then
-        redis.call('HDEL', env_key(V, 'config'), config_field(name, 'pool'))
-      else
-        redis.call('HSET', env_key(V, 'config'), config_field(name, 'pool'), pool)
+
+  HOOK.use_pool = function(X, env, by_name, pool)
+    if pool ~= 0 and covers_every_queue(env, by_name, pool) then pool = 0 end
+    local V = env.V
+    for name, Q in pairs(by_name) do
+      if Q.order == 'fair' and Q.pool ~= pool then
+        if pool == 0 then
+          redis.call('HDEL', env_key(V, 'config'), config_field(name, 'pool'))
+        else
+          redis.call('HSET', env_key(V, 'config'), config_field(name, 'pool'), pool)
+        end
+        set_pool(Q, pool)
       end
-      set_pool(Q, pool)
     end
   end
 end

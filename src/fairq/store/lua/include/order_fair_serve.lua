@@ -27,12 +27,8 @@ do
   --- A gather reads at least this many copies of a queue's B:tq first (a small call would
   --- otherwise read again for every pair it serves).
   local FIRST_READ = 8
-
-  -- Raise the floor to `value` (it never decreases).
-  function E.tenant_floor_raise(X, V, value)
-    local f = X.tfloor[V]
-    if value > f.value then f.value = value end
-  end
+  --- An empty list or map, shared (never written).
+  E.NONE = {}
 
   -- Whether this call moved the floor across a tick (or created the state): time to prune
   -- and refresh TTLs.
@@ -142,26 +138,43 @@ do
       budget = budget, lease_ms = lease_ms, out = out, R = R,
       by_id = {},          -- B -> tenant -> its pair {Q, T, tie, active, ten, keys...}
       plist = {},          -- the pairs, in the order found
-      copies = {},         -- copies[i]: the B:tq copy of its tag plist[i] came with
       ten = {},            -- tenant -> {tag, weight, touched} (false while being read)
       touched = {},        -- tenants served in this call, in the order first served
       qdone = {},          -- B -> true: the queue serves no more in this call
       served = 0,          -- runs claimed so far
-      served_of = {},      -- B|flow -> runs claimed in this call (for max_per_key)
+      -- (the tables of what few calls need are made at their first entry: E.note)
+      served_of = false,   -- B|flow -> runs claimed in this call (for max_per_key)
       loaded = {},         -- the pairs whose key sets this call read
-      lenders = {},        -- {p, flow, kc} held back by a cap of a queue that lends
+      lenders = false,     -- a list of {p, flow, kc} held back by a cap of a queue that lends
       heap = false,        -- the active pairs by (tenant tag, tie, names); see serve_round
       widths = {},         -- B -> how many of its B:tq entries the gathers read (see gather)
       bounds = {},         -- B -> no pair of B:tq it did not read has a lower copy
       bound = math.huge,   -- the least of the last gather's bounds (see serve_round)
       widen = false,       -- the last round stopped to read more candidates
-      full = {},           -- B -> a read of B:tq came back full (it may be big: keep_wide)
+      full = false,        -- B -> a read of B:tq came back full (it may be big: keep_wide)
     }, SERVE_STATE_META)
   end
 
-  function E.pair_at(F, Q, T)
-    local of_queue = F.by_id[Q.OB]
-    return of_queue and of_queue[T]
+  -- F[field][key] = value, the map made at its first entry.
+  function E.note(F, field, key, value)
+    local map = F[field]
+    if not map then
+      map = {}
+      F[field] = map
+    end
+    map[key] = value
+  end
+
+  -- Runs of flow `sid` (B|flow) claimed in this call.
+  function E.served_runs(F, sid)
+    return F.served_of and F.served_of[sid] or 0
+  end
+
+  -- A flow held back by a cap of a queue that lends idle slots (borrow_idle_slots).
+  function E.lend(F, p, flow, kc)
+    local lenders = F.lenders or {}
+    F.lenders = lenders
+    lenders[#lenders + 1] = {p = p, flow = flow, kc = kc}
   end
 
   function E.pair_of(F, Q, T, copy)
@@ -172,13 +185,12 @@ do
     end
     local p = of_queue[T]
     if p == nil then
-      -- every field a simple pair will use, so its table is sized once
+      -- every field a simple pair will use, so its table is sized once (copy: the B:tq
+      -- copy of its tag it came with)
       p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
-        simple = false, picks = 0}
+        simple = false, flow = false, picks = 0, copy = copy}
       of_queue[T] = p
-      local i = #F.plist + 1
-      F.plist[i] = p
-      F.copies[i] = copy
+      F.plist[#F.plist + 1] = p
     end
     return p
   end
@@ -260,9 +272,11 @@ do
   function E.adopt_discovered(F, Q, flows, found, adopt)
     local X = F.X
     local unknown, unknown_at = {}, {}
-    for i, flow in ipairs(flows) do
+    local of_queue = F.by_id[Q.OB] or {}
+    for i = 1, #flows do
+      local flow = flows[i]
       local T = default_tenant(Q.name, flow)
-      local p = E.pair_at(F, Q, T)
+      local p = of_queue[T]
       if p == nil then
         unknown[#unknown + 1] = T
         unknown_at[#unknown_at + 1] = i
@@ -313,8 +327,10 @@ do
         floor_load(X, V, auth[n + 1])
         names[n + 1] = nil
       end
-      local weights = tenant_weights(X, F.queues[1], names, {})
-      for i, T in ipairs(names) do
+      local Q1 = F.queues[1]
+      local weights = Q1.tenants_weighted and tenant_weights(X, Q1, names, E.NONE) or E.NONE
+      for i = 1, n do
+        local T = names[i]
         ten[T] = {tag = tonumber(auth[i]), weight = weights[T], touched = false}
       end
     end
@@ -340,7 +356,7 @@ do
     for i = first, #plist do
       local p = plist[i]
       local t = ten[p.T]
-      if t.tag == nil then t.tag = F.copies[i] end
+      if t.tag == nil then t.tag = p.copy end
       if t.tag < floor then t.tag = floor end
       if t.weight == nil then t.weight = 1 end
       p.ten = t
@@ -371,7 +387,7 @@ do
         for i = 1, #win, 2 do E.pair_of(F, Q, win[i], tonumber(win[i + 1])) end
         local bound = math.huge
         if #win == 2 * width then
-          F.full[Q.OB] = true
+          E.note(F, 'full', Q.OB, true)
           if width < most then bound = tonumber(win[#win]) end
         end
         F.bounds[Q.OB] = bound
@@ -419,24 +435,17 @@ do
 
   -- ------------------------------------------------------------------ keys of a pair
 
-  -- The flows of a pair (loaded on first use): simple, or the first KEYS_LOADED entries
+  -- The flows of a pair (loaded at its first pick, serve_pick): simple, or the first KEYS_LOADED entries
   -- of its key set (more are read when the call needs them: load_more_keys). Each key is
   -- a record {flow, tag, tie, active, weight} (and gone / touched once set).
   function E.load_keys(F, p)
-    if p.keys ~= nil or p.simple then return end
     local X, Q = F.X, p.Q
-    if not Q.named then
-      p.simple = true
-      return
-    end
+    if not Q.named then return E.simple_pair(p) end
     local kk = tenant_key(Q.OB, p.T, 'keys')
     p.kk = kk -- the key set's name, for the reads and writes after this one
     local entries = redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
     local n = #entries
-    if n == 0 then
-      p.simple = true
-      return
-    end
+    if n == 0 then return E.simple_pair(p) end
     p.complete = n < 2 * KEYS_LOADED
     p.width = KEYS_LOADED
     local floor_raw = nil
@@ -473,6 +482,13 @@ do
     F.loaded[#F.loaded + 1] = p
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
     if #p.keys == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
+  end
+
+  -- Pair p is simple: its one flow is the one whose default tenant it is (a key serving as
+  -- its own tenant, or the queue's keyless runs).
+  function E.simple_pair(p)
+    p.simple = true
+    p.flow = string.sub(p.T, 1, 1) == '/' and KEYLESS_FLOW or p.T
   end
 
   -- The discovered flows (`disc`: flow -> head) that `entries` (a read of the key set) do
@@ -648,50 +664,49 @@ do
     return a.Q.name < b.Q.name
   end
 
-  function E.keyed(p)
-    p.hk, p.ht = p.ten.tag, p.tie
-    return p
+  -- Put pair p in the heap keyed by its tenant's tag and its tie now, when it is still in
+  -- play (active, its queue not done). (The checks of a pair in play, and of a fresh key,
+  -- are written out here and in pop_best / peek_other: a Lua call per check per pick was
+  -- about a tenth of the fair serve's own work.)
+  function E.push_pair(F, p)
+    if p.active and not F.qdone[p.Q.OB] then
+      p.hk, p.ht = p.ten.tag, p.tie
+      heap_push(F.heap, p)
+    end
   end
 
-  function E.live(F, p)
-    return p.active and not F.qdone[p.Q.OB]
-  end
-
-  function E.fresh(p)
-    return p.hk == p.ten.tag and p.ht == p.tie
-  end
-
+  -- The best pair in play: one whose key moved since it was pushed goes back in with its
+  -- current key.
   function E.pop_best(F)
-    local heap = F.heap
+    local heap, qdone = F.heap, F.qdone
     while true do
       local p = heap_pop(heap)
       if p == nil then return nil end
-      if E.live(F, p) then
-        if E.fresh(p) then return p end
-        heap_push(heap, E.keyed(p))
+      if p.active and not qdone[p.Q.OB] then
+        local tag, tie = p.ten.tag, p.tie
+        if p.hk == tag and p.ht == tie then return p end
+        p.hk, p.ht = tag, tie
+        heap_push(heap, p)
       end
     end
   end
 
-  -- The best pair of another tenant than T, left in the heap.
+  -- The best pair in play of another tenant than T, left in the heap.
   function E.peek_other(F, T)
-    local heap = F.heap
+    local heap, qdone = F.heap, F.qdone
     local top = heap[1]
-    if top ~= nil and top.T ~= T and E.live(F, top) and E.fresh(top) then return top end
+    if top ~= nil and top.T ~= T and top.active and not qdone[top.Q.OB]
+        and top.hk == top.ten.tag and top.ht == top.tie then
+      return top
+    end
     local held, found = {}, nil
     while found == nil do
-      local p = heap_pop(heap)
+      local p = E.pop_best(F)
       if p == nil then break end
-      if E.live(F, p) then
-        if not E.fresh(p) then
-          heap_push(heap, E.keyed(p))
-        else
-          held[#held + 1] = p
-          if p.T ~= T then found = p end
-        end
-      end
+      held[#held + 1] = p
+      if p.T ~= T then found = p end
     end
-    for _, p in ipairs(held) do heap_push(heap, p) end
+    for i = 1, #held do heap_push(heap, held[i]) end
     return found
   end
 
@@ -700,12 +715,15 @@ do
   -- Serve `got` runs just claimed for pair p (and key kc): advance the tenant's tag (and
   -- the environment's floor) and the key's tag inside the tenant (and its key floor).
   function E.advance(F, p, kc, got)
-    local step = p.Q.quantum / p.ten.weight
-    local start = p.ten.tag
-    E.tenant_floor_raise(F.X, F.V, start + (got - 1) * step)
-    p.ten.tag = start + got * step
-    if not p.ten.touched then
-      p.ten.touched = true
+    local ten = p.ten
+    local step = p.Q.quantum / ten.weight
+    local start = ten.tag
+    -- the floor: the start tag of the run most recently begun (it never decreases)
+    local floor, last = F.X.tfloor[F.V], start + (got - 1) * step
+    if last > floor.value then floor.value = last end
+    ten.tag = start + got * step
+    if not ten.touched then
+      ten.touched = true
       F.touched[#F.touched + 1] = p.T
     end
     if kc ~= nil then
@@ -755,11 +773,11 @@ do
       if kc ~= nil and why == 'key' then kc.active = false else p.active = false end
     elseif why == 'key' and not p.simple then
       E.key_leaves(F, p, kc, why, nil)
-      if Q.borrow then F.lenders[#F.lenders + 1] = {p = p, flow = flow, kc = kc} end
+      if Q.borrow then E.lend(F, p, flow, kc) end
     elseif why == 'key' or why == 'tenant' then
       p.active = false
       E.park_pair(F.X, Q, p.T, p.ten.tag, nil)
-      if Q.borrow then F.lenders[#F.lenders + 1] = {p = p, flow = flow, kc = kc} end
+      if Q.borrow then E.lend(F, p, flow, kc) end
     elseif why == 'rate:tenant' or (why == 'rate:key' and p.simple) then
       p.active = false
       E.park_pair(F.X, Q, p.T, p.ten.tag, next_at)
@@ -782,13 +800,15 @@ do
     -- before the next tenant's tag, or a pair not read yet (from the read bound on)
     local stop = bound
     if second ~= nil and second.ten.tag < stop then stop = second.ten.tag end
+    -- (k = max(1, ceil(steps)), without the two calls when steps <= 1: most picks)
     if stop < math.huge then
-      local k = math.max(1, math.ceil((stop - p.ten.tag) / step - 1e-9))
+      local steps = (stop - p.ten.tag) / step - 1e-9
+      local k = steps > 1 and math.ceil(steps) or 1
       if k < run then run = k end
     end
     if kc ~= nil and kc2 ~= nil then
-      local kstep = p.Q.quantum / kc.weight
-      local k = math.max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
+      local steps = (kc2.tag - kc.tag) / (p.Q.quantum / kc.weight) - 1e-9
+      local k = steps > 1 and math.ceil(steps) or 1
       if k < run then run = k end
     end
     return run
@@ -802,7 +822,7 @@ do
     took(X, Q, flow, buckets, got)
     if got > 0 then
       F.served = F.served + got
-      if sid then F.served_of[sid] = (F.served_of[sid] or 0) + got end
+      if sid then E.note(F, 'served_of', sid, E.served_runs(F, sid) + got) end
       E.advance(F, p, kc, got)
       -- its new head competes from now on
       if kc ~= nil then
@@ -830,24 +850,24 @@ do
   -- One pick: the best pair's best flow, served (or held back) under the gates.
   function E.serve_pick(F, p, second)
     local Q = p.Q
-    E.load_keys(F, p)
-    local flow, kc, kc2
+    if not p.simple and p.keys == nil then E.load_keys(F, p) end
+    local flow, kc, kc2, named
     if p.simple then
-      flow = string.sub(p.T, 1, 1) == '/' and KEYLESS_FLOW or p.T
+      flow, named = p.flow, false -- (a simple flow names no tenant)
     else
       kc, kc2 = E.best_key(F, p)
-      if kc ~= nil then flow = kc.flow end
+      if kc == nil then
+        -- nothing left in this pair in this call (drained, or every key held back)
+        p.active = false
+        return kc
+      end
+      flow = kc.flow
+      named = flow_tenant(flow) ~= nil
     end
-    if flow == nil then
-      -- nothing left in this pair in this call (drained, or every key held back)
-      p.active = false
-      return kc
-    end
-    local named = flow_tenant(flow) ~= nil
     -- runs of this flow served in this call count against max_per_key (when set)
     local sid = Q.max_per_key and (Q.B .. '|' .. flow)
     local room = F.budget - F.served
-    if sid then room = math.min(room, Q.max_per_key - (F.served_of[sid] or 0)) end
+    if sid then room = math.min(room, Q.max_per_key - E.served_runs(F, sid)) end
     local take, buckets, why, next_at = flow_allowance(F.X, Q, flow, p.T, named, room, F.R,
       false)
     if take <= 0 then
@@ -865,9 +885,8 @@ do
   function E.serve_round(F)
     F.heap = heap_new(E.pair_less)
     F.widen = false
-    for _, c in ipairs(F.plist) do
-      if E.live(F, c) then heap_push(F.heap, E.keyed(c)) end
-    end
+    local plist = F.plist
+    for i = 1, #plist do E.push_pair(F, plist[i]) end
     while F.served < F.budget do
       local p = E.pop_best(F)
       if p == nil or p.ten.tag > F.bound then
@@ -878,7 +897,7 @@ do
       -- the key taken from the pair's key heap goes back while it is still active
       if kc ~= nil and kc.active and p.kheap then heap_push(p.kheap, kc) end
       -- still in play (another of its keys, or its next runs): back in with its new tag
-      if E.live(F, p) then heap_push(F.heap, E.keyed(p)) end
+      E.push_pair(F, p)
     end
   end
 
@@ -888,7 +907,7 @@ do
   -- the queue can use now; never preempts.
   function E.borrow_idle_slots(F)
     local X = F.X
-    for _, l in ipairs(F.lenders) do
+    for _, l in ipairs(F.lenders or E.NONE) do
       if F.served >= F.budget then break end
       local p, flow = l.p, l.flow
       local Q = p.Q
@@ -932,9 +951,10 @@ do
     local f = X.tfloor[V]
     local tt = env_key(V, 'tenant_tags')
     local tt_args, by_queue = {}, {}
-    for _, T in ipairs(F.touched) do
-      tt_args[#tt_args + 1] = F.ten[T].tag
-      tt_args[#tt_args + 1] = T
+    local touched, ten = F.touched, F.ten
+    for i = 1, #touched do
+      local T = touched[i]
+      tt_args[2 * i - 1], tt_args[2 * i] = ten[T].tag, T
     end
     if #tt_args > 0 or f.value > f.start or not f.stored then
       tt_args[#tt_args + 1] = f.value
@@ -944,9 +964,11 @@ do
     if tick then
       redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
       redis.call('EXPIRE', tt, X.C.state_ttl)
-      if next(F.full) ~= nil then E.keep_wide(tt) end
+      if F.full then E.keep_wide(tt) end
     end
-    for _, p in ipairs(F.plist) do
+    local plist = F.plist
+    for i = 1, #plist do
+      local p = plist[i]
       if p.ten.touched and not p.dropped then
         local args = by_queue[p.Q.OB] or {}
         by_queue[p.Q.OB] = args
@@ -958,7 +980,7 @@ do
       call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
       if tick then
         redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl)
-        if F.full[B] then E.keep_wide(queue_key(B, 'ready_tenants')) end
+        if F.full and F.full[B] then E.keep_wide(queue_key(B, 'ready_tenants')) end
       end
     end
   end
