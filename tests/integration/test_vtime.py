@@ -682,6 +682,31 @@ async def test_several_serves_per_call_in_age_mode_follow_head_order(
     assert [d.run_id for d in batch] == ["a0", "b0", "a1", "b1", "a2", "b2"]
 
 
+@pytest.mark.parametrize("tenants", [1, 2])
+async def test_a_tenant_with_many_keys_serves_them_round_robin_within_one_call(
+    make_queue: Any, env: Environment, tenants: int
+) -> None:
+    """40 keys per tenant, 3 runs each, the runs of key k due at T0 + 2k, + 100 + 2k and
+    + 200 + 2k; one call of 100: every key of a tenant is served once (in head order:
+    equal tags go to the longest-waiting head) before any is served twice, and with two
+    tenants they alternate run by run. The key set is read a few entries at a time, and
+    a key just served goes back in its place behind the others."""
+    rq = await fair_queue(make_queue)
+    names = [f"t{t}" for t in range(tenants)]
+    for r in range(3):
+        for t, name in enumerate(names):
+            for k in range(40):
+                at = T0 + 100 * r + 2 * k + t
+                await enq(rq, env, f"k{k:02}", f"{name}-{r}-{k:02}", at, tenant=name)
+    batch = await deq(rq, env, max_count=100)
+    assert len(batch) == 100
+    for name in names:
+        mine = [d.run_id for d in batch if d.tenant == name]
+        assert mine == [f"{name}-{r}-{k:02}" for r in range(3) for k in range(40)][: 100 // tenants]
+    if tenants == 2:
+        assert [d.tenant for d in batch] == names * 50
+
+
 @pytest.mark.parametrize("fair", [False, True])
 async def test_per_key_gate_applies_per_serve(
     make_queue: Any, env: Environment, fair: bool

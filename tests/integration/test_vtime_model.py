@@ -348,7 +348,7 @@ SEEDS: list[tuple[int, Options]] = [
     (6, Options(join="behind_leader", window=2, keyless=0.3)),
     (7, Options(queues=("q0",), env_limit=8)),
     (8, Options(keys=40, named=0.95, queues=("q0", "q1"), env_limit=12)),
-    # tenants of ~30 keys in one queue: key sets past the size that is scanned (a heap)
+    # tenants of ~30 keys in one queue: big key sets, their keys picked again and again
     (9, Options(keys=90, named=1.0, queues=("q0",), env_limit=24)),
     # tenants of 40-50 keys served many times per call (one run per key per call in one):
     # the serve reads more of a key set, past its first entries, again and again

@@ -17,9 +17,6 @@ do
   --- work with 100 named tenants, measured); it reads more while the best key it knows may
   --- not be the tenant's best (load_more_keys).
   local KEYS_LOADED = 3
-  --- A key set this small is scanned for its best key (no heap); so is a bigger one the
-  --- first time its tenant is served in a call (most tenants are served once per call).
-  local KEYS_SCANNED = 16
   --- At most this many gather-and-serve rounds per call (each round after the first needs
   --- the previous one to have parked something, or to have found that it must read more of
   --- a queue's candidates).
@@ -188,7 +185,7 @@ do
       -- every field a simple pair will use, so its table is sized once (copy: the B:tq
       -- copy of its tag it came with)
       p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
-        simple = false, flow = false, picks = 0, copy = copy}
+        simple = false, flow = false, copy = copy}
       of_queue[T] = p
       F.plist[#F.plist + 1] = p
     end
@@ -435,9 +432,17 @@ do
 
   -- ------------------------------------------------------------------ keys of a pair
 
-  -- The flows of a pair (loaded at its first pick, serve_pick): simple, or the first KEYS_LOADED entries
-  -- of its key set (more are read when the call needs them: load_more_keys). Each key is
-  -- a record {flow, tag, tie, active, weight} (and gone / touched once set).
+  -- The flows of a pair (loaded at its first pick, serve_pick): simple, or the first
+  -- KEYS_LOADED entries of its key set (more are read when the call needs them:
+  -- load_more_keys). Each key is a record {flow, tag, tie, active, weight} (and gone /
+  -- touched once set). A pair's keys (p.keys) are kept in key order, the best first: by
+  -- tag inside the tenant, then tie (the longest-waiting known head first), then name
+  -- (E.key_better). The keys before p.kat are out of play for this call (drained, parked,
+  -- held back, or given their share): keys[p.kat] is the best in play and keys[p.kat + 1]
+  -- the next (E.listed_best); a key just served that stays in play moves to its new place
+  -- before the pair's next pick (p.kmoved, key_settle), and new keys read go to theirs
+  -- (key_insert). So one pick costs a few comparisons however many keys the tenant has.
+  -- The pair's tie is the least of its keys' in play (keys_tie).
   function E.load_keys(F, p)
     local X, Q = F.X, p.Q
     if not Q.named then return E.simple_pair(p) end
@@ -463,7 +468,7 @@ do
       if floor_raw == nil then floor_raw = found[1] or false end
       table.remove(found, 1)
     end
-    p.keys = {}
+    p.keys, p.kat, p.kmoved = {}, 1, false
     p.kf = key_floor(X, kk, floor_raw)
     E.list_keys(p, entries, false)
     E.read_bound(p, entries)
@@ -518,26 +523,64 @@ do
   function E.list_keys(p, entries, dedupe)
     local Q, keys, disc = p.Q, p.keys, p.disc
     local floor = p.kf.value
-    local first = #keys + 1
     local listed = nil
     if dedupe then
       listed = {}
       for _, k in ipairs(keys) do listed[k.flow] = true end
     end
+    if p.kmoved then E.key_settle(p) end
+    local added = Q.weighted and {} -- the new keys, for their weights
     for i = 1, #entries, 2 do
       local flow = entries[i]
       if not is_key_floor(flow) and not (listed and listed[flow]) then
         local tag = tonumber(entries[i + 1])
         if tag < floor then tag = floor end
-        keys[#keys + 1] = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge,
+        local k = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge,
           active = true, weight = 1}
+        local n = #keys
+        -- (key_insert's first case written out: keys come in tag order, as reads give them)
+        if n < p.kat or not E.key_better(k, keys[n]) then
+          keys[n + 1] = k
+        else
+          E.key_insert(p, k)
+        end
+        if added then added[#added + 1] = k end
       end
     end
-    if Q.weighted and #keys >= first then
+    if added and #added > 0 then
       local flows = {}
-      for j = first, #keys do flows[#flows + 1] = flow_key(keys[j].flow) end
+      for j = 1, #added do flows[j] = flow_key(added[j].flow) end
       local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), flows)
-      for j = first, #keys do keys[j].weight = tonumber(raw[j - first + 1]) or 1 end
+      for j = 1, #added do added[j].weight = tonumber(raw[j]) or 1 end
+    end
+  end
+
+  -- Put key k in its place among the keys in play of pair p (keys listed in tag order, as
+  -- reads give them, go last after one comparison; else a binary search).
+  function E.key_insert(p, k)
+    local keys = p.keys
+    local lo, hi = p.kat, #keys + 1 -- k goes before keys[hi]; keys before lo are better
+    if hi == lo or not E.key_better(k, keys[hi - 1]) then
+      keys[hi] = k
+      return
+    end
+    hi = hi - 1
+    while lo < hi do
+      local mid = lo + (hi - lo - (hi - lo) % 2) / 2
+      if E.key_better(k, keys[mid]) then hi = mid else lo = mid + 1 end
+    end
+    table.insert(keys, lo, k)
+  end
+
+  -- The key served last (keys[p.kat], when p.kmoved: its tag moved on) goes to its place
+  -- (done before the pair's next pick, not at once: most pairs are picked once per call).
+  function E.key_settle(p)
+    p.kmoved = false
+    local keys, at = p.keys, p.kat
+    local kc = keys[at]
+    if keys[at + 1] ~= nil and not E.key_better(kc, keys[at + 1]) then
+      table.remove(keys, at)
+      E.key_insert(p, kc)
     end
   end
 
@@ -552,60 +595,28 @@ do
   end
 
   -- The next entries of an incompletely read key set (twice as many as the last read, from
-  -- its start: the keys that left it in this call are no longer there); the key heaps are
-  -- built again from the longer list. Drops the pair when its set turned out to be empty.
+  -- its start: the keys that left it in this call are no longer there); the new ones go
+  -- to their places. Drops the pair when its set turned out to be empty.
   function E.load_more_keys(F, p)
     p.width = 2 * p.width
     local entries = redis.call('ZRANGE', p.kk, 0, p.width - 1, 'WITHSCORES')
     p.complete = #entries < 2 * p.width
     E.list_keys(p, entries, true)
     E.read_bound(p, entries)
-    p.kheap, p.tieheap = nil, nil
     if E.pair_emptied(F.X, p) then E.drop_pair(p) end
   end
 
-  -- A pair's best active key and the next best among the keys it lists. A key set of at
-  -- most KEYS_SCANNED listed keys is scanned (no heap to build: most pairs serve once or
-  -- twice per call), and so is a bigger one at the pair's first pick in the call; from its
-  -- second pick on, a bigger one has a heap, built then from its keys as they are, from
-  -- which the best key is taken out (the serve loop puts it back while it stays active). A
-  -- key that turned inactive is dropped from the heap when it comes up.
+  -- A pair's best key in play and the next best, among the keys it lists.
   function E.listed_best(p)
-    local keys = p.keys
-    local n = #keys
-    if n <= KEYS_SCANNED or p.picks == 1 then
-      local best, second
-      for j = 1, n do
-        local k = keys[j]
-        if k.active then
-          if E.key_better(k, best) then
-            best, second = k, best
-          elseif E.key_better(k, second) then
-            second = k
-          end
-        end
-      end
-      return best, second
-    end
-    local h = p.kheap
-    if h == nil then
-      h = heap_new(E.key_better)
-      for _, k in ipairs(p.keys) do
-        if k.active then heap_push(h, k) end
-      end
-      p.kheap = h
-    end
-    local best = heap_pop(h)
-    while best ~= nil and not best.active do best = heap_pop(h) end
-    while h.n > 0 and not h[1].active do heap_pop(h) end
-    return best, h[1]
+    if p.kmoved then E.key_settle(p) end
+    local keys, at = p.keys, p.kat
+    return keys[at], keys[at + 1]
   end
 
-  -- A pair's best active key and the next best: while the best it lists may not be the
+  -- A pair's best key in play and the next best: while the best it lists may not be the
   -- tenant's (none listed, or its tag above the bound of what was read), more of the key
   -- set is read. The next best is then at most the bound (a key not read may be there).
   function E.best_key(F, p)
-    p.picks = p.picks + 1
     local best, second = E.listed_best(p)
     while not p.complete and (best == nil or best.tag > p.bound) do
       E.load_more_keys(F, p)
@@ -617,36 +628,28 @@ do
     return best, second
   end
 
-  -- The least `tie` (longest-waiting known head) of a pair's active keys: scanned in a
-  -- small key set or at the pair's first pick, else from a heap of {key, tie} snapshots
-  -- (one is stale once its key turned inactive or moved its tie).
-  function E.tie_less(a, b) return a.tie < b.tie end
-  function E.keys_tie(p, moved)
+  -- The least tie (longest-waiting known head) of pair p's keys in play, when key kc
+  -- (keys[p.kat]) was just served: its new tie, and the rest in key order, where among the
+  -- keys of one tag the first has the least tie: so the scan takes the first key of each
+  -- tag and skips the others with a binary search (a tenant's keys in play mostly share
+  -- a few tags: those served in this call, and those not).
+  function E.keys_tie(p, kc)
     local keys = p.keys
-    local n = #keys
-    if n <= KEYS_SCANNED or p.picks == 1 then
-      local least = math.huge
-      for j = 1, n do
-        local k = keys[j]
-        if k.active then
-          local tie = k.tie
-          if tie < least then least = tie end
+    local least, i, n = kc.tie, p.kat + 1, #keys
+    while i <= n do
+      local k = keys[i]
+      if k.tie < least then least = k.tie end
+      local tag = k.tag
+      i = i + 1
+      if i <= n and keys[i].tag == tag then
+        local hi = n + 1 -- the first key after the last of this tag
+        while i < hi do
+          local mid = i + (hi - i - (hi - i) % 2) / 2
+          if keys[mid].tag == tag then i = mid + 1 else hi = mid end
         end
       end
-      return least
     end
-    local h = p.tieheap
-    if h == nil then
-      h = heap_new(E.tie_less)
-      for _, k in ipairs(p.keys) do
-        if k.active then heap_push(h, {k = k, tie = k.tie}) end
-      end
-      p.tieheap = h
-    elseif moved ~= nil then
-      heap_push(h, {k = moved, tie = moved.tie})
-    end
-    while h.n > 0 and not (h[1].k.active and h[1].k.tie == h[1].tie) do heap_pop(h) end
-    return h.n > 0 and h[1].tie or math.huge
+    return least
   end
 
   -- ------------------------------------------------------------------ the pair heap
@@ -827,7 +830,7 @@ do
       -- its new head competes from now on
       if kc ~= nil then
         kc.tie = head or math.huge
-        p.tie = E.keys_tie(p, kc) -- over its active keys, this one included
+        p.tie = E.keys_tie(p, kc) -- over its keys in play, this one included
       else
         p.tie = head or math.huge
       end
@@ -894,8 +897,12 @@ do
         break
       end
       local kc = E.serve_pick(F, p, E.peek_other(F, p.T))
-      -- the key taken from the pair's key heap goes back while it is still active
-      if kc ~= nil and kc.active and p.kheap then heap_push(p.kheap, kc) end
+      -- the key just picked (keys[p.kat]): when it is still in play (its tag and tie
+      -- moved), it goes to its new place before the pair's next pick (key_settle: most
+      -- pairs are picked once per call); else the keys in play start after it
+      if kc ~= nil then
+        if kc.active then p.kmoved = true else p.kat = p.kat + 1 end
+      end
       -- still in play (another of its keys, or its next runs): back in with its new tag
       E.push_pair(F, p)
     end
