@@ -137,11 +137,11 @@ do
       plist = {},          -- the pairs, in the order found
       ten = {},            -- tenant -> {tag, weight, touched} (false while being read)
       touched = {},        -- tenants served in this call, in the order first served
-      qdone = {},          -- B -> true: the queue serves no more in this call
+      qdone = E.NONE,      -- B -> true: the queue serves no more in this call (queue_done)
       served = 0,          -- runs claimed so far
       -- (the tables of what few calls need are made at their first entry: E.note)
       served_of = false,   -- B|flow -> runs claimed in this call (for max_per_key)
-      loaded = {},         -- the pairs whose key sets this call read
+      loaded = E.NONE,     -- the pairs whose key sets this call read (load_keys)
       lenders = false,     -- a list of {p, flow, kc} held back by a cap of a queue that lends
       heap = false,        -- the active pairs by (tenant tag, tie, names); see serve_round
       widths = {},         -- B -> how many of its B:tq entries the gathers read (see gather)
@@ -193,7 +193,8 @@ do
   end
 
   -- A ready head the discovery found in flow `flow` of pair p (kept per flow only where
-  -- a pair can hold several flows: a queue with named tenants).
+  -- a pair can hold several flows, a queue with named tenants; elsewhere the flow is the
+  -- pair's one flow, so it needs no load_keys).
   function E.note_head(p, flow, score)
     if p.Q.named then
       local disc = p.disc
@@ -202,6 +203,9 @@ do
         p.disc = disc
       end
       disc[flow] = score
+    elseif not p.simple then
+      -- a queue without named tenants: the pair is simple, and this is its flow
+      p.simple, p.flow = true, flow
     end
     if score < p.tie then p.tie = score end
   end
@@ -229,15 +233,21 @@ do
     if F.qdone[Q.OB] or Q.paused then return false end
     if total_room(X, Q) <= 0 then
       R.gated = true
-      F.qdone[Q.OB] = true
+      E.queue_done(F, Q)
     elseif Q.rate then
       local whole, at = bucket_peek(X, bucket(X, Q, 'q', Q.rate, Q.rate_burst))
       if whole <= 0 then
         wait_until(R, at)
-        F.qdone[Q.OB] = true
+        E.queue_done(F, Q)
       end
     end
     return not F.qdone[Q.OB]
+  end
+
+  -- Queue Q serves no more in this call (F.qdone, the shared empty table until the first).
+  function E.queue_done(F, Q)
+    if F.qdone == E.NONE then F.qdone = {} end
+    F.qdone[Q.OB] = true
   end
 
   -- The queue's `width` longest-waiting ready heads, and its keyless head: the flows and
@@ -268,20 +278,22 @@ do
   -- (the keyless head always). Returns whether it registered any.
   function E.adopt_discovered(F, Q, flows, found, adopt)
     local X = F.X
-    local unknown, unknown_at = {}, {}
-    local of_queue = F.by_id[Q.OB] or {}
+    local unknown, unknown_at = nil, nil -- (made for the first)
+    local of_queue = F.by_id[Q.OB] or E.NONE
     for i = 1, #flows do
       local flow = flows[i]
       local T = default_tenant(Q.name, flow)
       local p = of_queue[T]
-      if p == nil then
+      if p ~= nil then
+        E.note_head(p, flow, found[i])
+      elseif unknown == nil then
+        unknown, unknown_at = {T}, {i}
+      else
         unknown[#unknown + 1] = T
         unknown_at[#unknown_at + 1] = i
-      else
-        E.note_head(p, flow, found[i])
       end
     end
-    if #unknown == 0 then return false end
+    if unknown == nil then return false end
     local fresh = false
     local scores = call_list('ZMSCORE', queue_key(Q.OB, 'ready_tenants'), unknown)
     for i, T in ipairs(unknown) do
@@ -375,7 +387,7 @@ do
     F.bound = math.huge
     for _, Q in ipairs(F.queues) do
       if E.queue_open(F, Q) then
-        E.promote_due(F.X, Q, F.R)
+        if Q.parked then E.promote_due(F.X, Q, F.R) end
         local most = F.budget * Q.window
         local width = math.min(F.widths[Q.OB] or math.max(F.budget + 1, FIRST_READ), most)
         F.widths[Q.OB] = width
@@ -484,6 +496,7 @@ do
       end
       E.list_keys(p, added, false)
     end
+    if F.loaded == E.NONE then F.loaded = {} end
     F.loaded[#F.loaded + 1] = p
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
     if #p.keys == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
@@ -768,7 +781,7 @@ do
   function E.hold_back(F, p, kc, flow, named, why, next_at)
     local Q = p.Q
     if why == 'total' or why == 'rate:queue' then
-      F.qdone[Q.OB] = true
+      E.queue_done(F, Q)
     elseif (why == 'key' or why == 'tenant')
         and not E.holds_slot(F.X, Q, flow, p.T, named, why) then
       -- a cap at or below 0 holds it back: no slot of it can free, so it is not parked
