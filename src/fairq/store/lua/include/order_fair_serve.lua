@@ -471,7 +471,7 @@ do
       if entries[i] == KEY_FLOOR_MEMBER then floor_raw = entries[i + 1] end
     end
     local missing = p.disc and E.unread(p.disc, entries)
-    local found = {}
+    local found = E.NONE
     if not p.complete and (missing or floor_raw == nil) then
       -- their tags and (when it was not read) the key floor, in one read
       local names = {KEY_FLOOR_MEMBER}
@@ -1008,9 +1008,12 @@ do
   -- The key sets read in this call: the keys still in them (not drained or parked), and
   -- their floors.
   function E.write_key_tags(F, tick)
-    for _, p in ipairs(F.loaded) do
-      local args = {}
-      for _, k in ipairs(p.keys) do
+    local loaded = F.loaded
+    for i = 1, #loaded do
+      local p = loaded[i]
+      local args, keys = {}, p.keys
+      for j = 1, #keys do
+        local k = keys[j]
         if k.touched and not k.gone then
           args[#args + 1] = k.tag
           args[#args + 1] = k.flow
