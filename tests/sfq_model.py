@@ -715,467 +715,9 @@ class SfqModel:
     def _fair_serve(
         self, queues: list[QueueModel], heads: dict[str, int], budget: int, now: int
     ) -> list[tuple[str, str, str]]:
-        call = _Call(now)
-        by_id: dict[tuple[str, str], _Pair] = {}
-        plist: list[_Pair] = []
-        ten: dict[str, _Ten] = {}
-        served = 0
-        served_of: dict[tuple[str, str], int] = {}
-        keysets: dict[tuple[str, str], _Pair] = {}
-        out: list[tuple[str, str, str]] = []
-        parked_now = False
-        qdone: set[str] = set()  # queues that serve no more in this call
-        widths: dict[str, int] = {}  # queue -> how many of its B:tq entries gathers read
-        bounds: dict[str, float] = {}  # queue -> no pair it did not read has a lower copy
-        tq_bound = INF  # the least of the last gather's bounds
-        widen = False  # the last round stopped to read more candidates
-        lenders: list[tuple[_Pair, str, _Key | None]] = []  # capped flows (borrow)
-
-        def pair_of(q: QueueModel, tenant: str, copy: float) -> _Pair:
-            p = by_id.get((tenant, q.name))
-            if p is None:
-                p = by_id[(tenant, q.name)] = _Pair(q, tenant, copy)
-                plist.append(p)
-            return p
-
-        def attach(first: int) -> None:
-            floor = self._floor(call).value
-            for p in plist[first:]:
-                if p.tenant not in ten:
-                    ten[p.tenant] = _Ten(self.tt.get(p.tenant), self.tw.get(p.tenant))
-            for p in plist[first:]:
-                t = ten[p.tenant]
-                if t.weight is None and not p.tenant.startswith("/"):
-                    t.weight = p.q.key_weights.get(p.tenant)
-            for p in plist[first:]:
-                t = ten[p.tenant]
-                if t.tag is None:
-                    t.tag = p.copy
-                if t.tag < floor:
-                    t.tag = floor
-                if t.weight is None:
-                    t.weight = 1.0
-                p.ten = t
-
-        def queue_open(q: QueueModel) -> bool:
-            """Whether q may serve in this call (its total cap and rate leave room)."""
-            if q.name in qdone:
-                return False
-            full = self._total_room(q) <= 0
-            limited = (
-                not full
-                and q.rate is not None
-                and self._bucket(call, q, "q", q.rate).peek(now)[0] < 1
-            )
-            if full or limited:
-                qdone.add(q.name)
-            return q.name not in qdone
-
-        def adopt_discovered(q: QueueModel, disc: list[tuple[str, int]], adopt: int) -> bool:
-            """Discovered heads (and the keyless head): flows nothing registered join (and
-            are candidates), a registered pair not yet a candidate only among the first
-            ``adopt``. Returns whether one joined."""
-            flows = [f for f, _ in disc]
-            found: dict[str, float] = {f: float(h) for f, h in disc}
-            if q.name in heads:
-                flows.append(KEYLESS)
-                found[KEYLESS] = float(heads[q.name])
-            unknown: list[tuple[str, str, int]] = []
-            for i, f in enumerate(flows):
-                tenant = default_tenant(q.name, f)
-                p = by_id.get((tenant, q.name))
-                if p is None:
-                    unknown.append((tenant, f, i))
-                else:
-                    p.disc[f] = found[f]
-                    p.tie = min(p.tie, found[f])
-            fresh = False
-            scores = [q.tq.get(t) for t, _, _ in unknown]
-            for (tenant, f, i), score in zip(unknown, scores, strict=True):
-                joins = i < adopt or f == KEYLESS
-                if score is None and f"k:{f}" not in q.park and f"t:{tenant}" not in q.park:
-                    if flow_tenant(f):
-                        self._register_key(call, q, tenant, f)
-                    self._register_pair(call, q, tenant)
-                    score = q.tq.get(tenant)
-                    joins = fresh = True
-                    self.joined_by_discovery += 1
-                if score is not None and joins:
-                    p = pair_of(q, tenant, score)
-                    p.disc[f] = found[f]
-                    p.tie = min(p.tie, found[f])
-            return fresh
-
-        def discover(q: QueueModel, width: int, most: int) -> None:
-            """Discovery: ``adopt`` heads, or all it may read while the queue's flag says
-            reads lately registered flows (then on to them when this one did)."""
-            full = max(most, 3 * budget)
-            adopt = min(max(width, math.ceil(3 * width / self.window)), full)
-            first = full if q.unregistered else adopt
-            self.full_reads += int(q.unregistered)
-            ready = [e for e in q.ck_index() if e[1] <= now]
-            fresh = adopt_discovered(q, ready[:first], adopt)
-            read_all = len(ready) < first
-            if fresh and not read_all and first < full:
-                adopt_discovered(q, ready[:full], adopt)
-            q.unregistered = fresh
-
-        def gather() -> int:
-            """Candidates of every open queue: its lowest ``width`` copies (``budget`` + 1
-            at first, at least FIRST_READ, twice as many each time the call must read
-            more, up to budget x window), and as many of its discovered heads (3 x width /
-            window with a window under 3); when a flow among those joined, its heads on to
-            max(budget x window, 3 x budget) (see ``adopt_discovered``)."""
-            nonlocal tq_bound
-            before = len(plist)
-            tq_bound = INF
-            for q in queues:
-                if not queue_open(q):
-                    continue
-                self._promote_due(call, q, now)
-                most = budget * self.window
-                first = max(budget + 1, FIRST_READ)
-                width = widths[q.name] = min(widths.get(q.name, first), most)
-                win = sorted(q.tq.items(), key=lambda e: (e[1], e[0]))[:width]
-                for tenant, copy in win:
-                    pair_of(q, tenant, copy)
-                bounds[q.name] = win[-1][1] if width < most and len(win) == width else INF
-                tq_bound = min(tq_bound, bounds[q.name])
-                discover(q, width, most)
-            if len(plist) > before:
-                attach(before)
-            return len(plist) - before
-
-        def pair_emptied(p: _Pair) -> bool:
-            """Every key of a (wholly loaded) key set left it in this call."""
-            if not p.complete or (p.q.name, p.tenant) in call.kadded:
-                return False
-            return all(k.gone for k in p.keys or [])
-
-        def key_entries(p: _Pair, width: int) -> list[tuple[str, float]]:
-            """The first ``width`` entries of p's key set (its floor member included), and
-            whether that is all of it."""
-            members = dict(p.q.keysets.get(p.tenant) or {})
-            if p.tenant in p.q.kfloor:
-                members[KEY_FLOOR_MEMBER] = p.q.kfloor[p.tenant]
-            entries = sorted(members.items(), key=lambda e: (e[1], e[0]))[:width]
-            p.width = width
-            p.complete = len(entries) < width
-            return entries
-
-        def list_keys(p: _Pair, entries: list[tuple[str, float]]) -> None:
-            assert p.keys is not None and p.kf is not None
-            listed = {k.flow for k in p.keys}
-            for f, tag in entries:
-                if f != KEY_FLOOR_MEMBER and f not in listed:
-                    listed.add(f)
-                    k = _Key(f, max(tag, float(p.kf[0])), p.disc.get(f, INF), self._kw(p.q, f))
-                    p.keys.append(k)
-
-        def read_bound(p: _Pair, entries: list[tuple[str, float]]) -> None:
-            assert p.kf is not None
-            p.bound = INF if p.complete else max(entries[-1][1], float(p.kf[0]))
-
-        def load_keys(p: _Pair) -> None:
-            if p.keys is not None or p.simple:
-                return
-            q = p.q
-            entries = key_entries(p, KEYS_LOADED) if q.named else []
-            if not entries:
-                p.simple = True
-                return
-            kk = q.keysets.get(p.tenant) or {}
-            p.kf = self._key_floor(call, q, p.tenant)
-            p.keys = []
-            list_keys(p, entries)
-            read_bound(p, entries)
-            listed = {k.flow for k in p.keys}
-            added: list[tuple[str, float]] = []
-            for f in sorted(f for f in p.disc if f not in listed):
-                found = None if p.complete else kk.get(f)
-                tag = found if found is not None else self._register_key(call, q, p.tenant, f)
-                if tag is not None:
-                    added.append((f, tag))
-            list_keys(p, added)
-            keysets[(q.name, p.tenant)] = p
-            if not p.keys and pair_emptied(p):
-                drop(p)
-
-        def load_more_keys(p: _Pair) -> None:
-            self.reads_more += 1
-            entries = key_entries(p, 2 * p.width)
-            list_keys(p, entries)
-            read_bound(p, entries)
-            if pair_emptied(p):
-                drop(p)
-
-        def pair_key(c: _Pair) -> tuple[float, float, str, str]:
-            assert c.ten is not None and c.ten.tag is not None
-            return (c.ten.tag, c.tie, c.tenant, c.q.name)
-
-        def listed_best(p: _Pair) -> tuple[_Key | None, _Key | None]:
-            active = sorted(
-                (k for k in p.keys or [] if k.active), key=lambda k: (k.tag, k.tie, k.flow)
-            )
-            return (active[0] if active else None, active[1] if len(active) > 1 else None)
-
-        def best_keys(p: _Pair) -> tuple[_Key | None, _Key | None]:
-            """The tenant's best key and the next (at most the bound of what was read: a
-            key not read may be there), reading more of its set while the best listed key
-            may not be the best."""
-            best, second = listed_best(p)
-            while not p.complete and (best is None or best.tag > p.bound):
-                load_more_keys(p)
-                best, second = listed_best(p)
-            if not p.complete and (second is None or second.tag > p.bound):
-                second = _Key("", p.bound, INF, 1.0)
-            return best, second
-
-        def drop(p: _Pair) -> None:
-            p.active = False
-            p.dropped = True
-            p.q.tq.pop(p.tenant, None)
-
-        def park_pair(p: _Pair, due: int | None) -> None:
-            nonlocal parked_now
-            assert p.ten is not None and p.ten.tag is not None
-            p.q.tq.pop(p.tenant, None)
-            self._park(call, p.q, f"t:{p.tenant}", p.ten.tag, due)
-            parked_now = True
-
-        def park_key(p: _Pair, k: _Key, due: int | None) -> None:
-            nonlocal parked_now
-            k.active = False
-            k.gone = True
-            p.q.keys_of(p.tenant).pop(k.flow, None)
-            self._park(call, p.q, f"k:{k.flow}", k.tag, due)
-            parked_now = True
-            if pair_emptied(p):
-                drop(p)
-
-        def advance(p: _Pair, kc: _Key | None, got: int) -> None:
-            t = p.ten
-            assert t is not None and t.tag is not None and t.weight is not None
-            step = self.quantum / t.weight
-            start = t.tag
-            f = self._floor(call)
-            f.value = max(f.value, start + (got - 1) * step)
-            t.tag = start + got * step
-            t.touched = True
-            if kc is not None:
-                assert p.kf is not None
-                kstep = self.quantum / kc.weight
-                klast = kc.tag + (got - 1) * kstep
-                if klast > float(p.kf[0]):
-                    p.kf[0] = klast
-                    p.kf[1] = True
-                kc.tag = kc.tag + got * kstep
-                kc.touched = True
-
-        def claim(
-            p: _Pair, flow: str, limit: int, buckets: list[tuple[_Bucket, str]]
-        ) -> tuple[int, int | None]:
-            """Claim up to ``limit`` ready runs of pair p's flow (in the served order) and
-            take them from its buckets; the count and the flow's new head."""
-            claimed: list[tuple[str, str]] = []
-            ta = p.tenant if flow_tenant(flow) is not None else ""
-            got, head = self._claim(p.q, flow, limit, ta, now, claimed)
-            out.extend((r, p.q.name, f) for r, f in claimed)
-            for b, _ in buckets:
-                b.tokens -= got
-                b.dirty = True
-            return got, head
-
-        def serve_pairs() -> None:
-            """The SFQ loop; it stops (``widen``) when the best pair's tag passes what the
-            gather read, or nobody is left while a queue was not read to its end."""
-            nonlocal served, widen
-            widen = False
-            while served < budget:
-                cands = [c for c in plist if c.active and c.q.name not in qdone]
-                p = min(cands, key=pair_key) if cands else None
-                if p is None or pair_key(p)[0] > tq_bound:
-                    widen = tq_bound < INF
-                    break
-                others = [c for c in cands if c.tenant != p.tenant]
-                second = min(others, key=pair_key) if others else None
-                q = p.q
-                load_keys(p)
-                kc = kc2 = None
-                if p.simple:
-                    flow: str | None = KEYLESS if p.tenant.startswith("/") else p.tenant
-                else:
-                    kc, kc2 = best_keys(p)
-                    flow = kc.flow if kc is not None else None
-                if flow is None:
-                    p.active = False
-                    continue
-                named = flow_tenant(flow) is not None
-                per_key = self.max_per_key or budget
-                sid = (q.name, flow)
-                want = min(budget - served, per_key - served_of.get(sid, 0))
-                total = self._total_room(q)
-                if total <= 0:
-                    qdone.add(q.name)
-                    continue
-                room, bound = self._room(q, flow, p.tenant, named)
-                assert p.ten is not None and p.ten.tag is not None and p.ten.weight is not None
-                if room <= 0:
-                    holds = (
-                        q.trunning.get(p.tenant, 0) > 0
-                        if bound == "tenant" and named
-                        else q.running(flow) > 0
-                    )
-                    if not holds:
-                        # a cap of 0 (or below): no slot of it can free, so it is not
-                        # parked; this call skips it
-                        if kc is not None and bound == "key":
-                            kc.active = False
-                        else:
-                            p.active = False
-                    else:
-                        if bound == "key" and not p.simple:
-                            assert kc is not None
-                            park_key(p, kc, None)
-                        else:
-                            p.active = False
-                            park_pair(p, None)
-                        if q.borrow:
-                            lenders.append((p, flow, kc))
-                    continue
-                buckets = self._flow_buckets(call, q, flow, p.tenant)
-                rate, scope, next_at = self._rate_room(buckets, now)
-                if rate <= 0:
-                    self.rate_held += 1
-                    if scope == "queue":
-                        qdone.add(q.name)
-                    elif scope == "tenant" or p.simple:
-                        p.active = False
-                        park_pair(p, next_at)
-                    else:
-                        assert kc is not None
-                        park_key(p, kc, next_at)
-                    continue
-                take = int(min(want, room, total, rate))
-                if take <= 0:  # this flow had its share of the call (max_per_key)
-                    if kc is not None:
-                        kc.active = False
-                    else:
-                        p.active = False
-                    continue
-                run = take
-                step = self.quantum / p.ten.weight
-                # before the next tenant's tag, or a pair not read yet (from the bound on)
-                stop = tq_bound
-                if second is not None:
-                    assert second.ten is not None and second.ten.tag is not None
-                    stop = min(stop, second.ten.tag)
-                if stop < INF:
-                    run = min(run, max(1, math.ceil((stop - p.ten.tag) / step - 1e-9)))
-                if kc is not None and kc2 is not None:
-                    kstep = self.quantum / kc.weight
-                    k = max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9))
-                    run = min(run, k)
-                got, head = claim(p, flow, run, buckets)
-                if got > 0:
-                    served += got
-                    served_of[sid] = served_of.get(sid, 0) + got
-                    advance(p, kc, got)
-                    if kc is not None:
-                        kc.tie = INF if head is None else float(head)
-                        ties = [k.tie for k in p.keys or [] if k.active]
-                        p.tie = min(ties, default=INF)
-                    else:
-                        p.tie = INF if head is None else float(head)
-                if head is None:
-                    if kc is not None:
-                        kc.active = False
-                        kc.gone = True
-                        q.keys_of(p.tenant).pop(flow, None)
-                        if pair_emptied(p):
-                            drop(p)
-                    else:
-                        drop(p)
-                elif head > now:
-                    if kc is not None:
-                        park_key(p, kc, head)
-                    else:
-                        p.active = False
-                        park_pair(p, head)
-                elif got == 0:
-                    if kc is not None:
-                        kc.active = False
-                    else:
-                        p.active = False
-
-        def borrow_idle_slots() -> None:
-            """Capped flows (of queues with ``borrow``) take the slots nobody else of the
-            call could use, in the order they were held back; rates and total caps still
-            hold."""
-            nonlocal served
-            for p, flow, kc in lenders:
-                if served >= budget:
-                    break
-                q = p.q
-                total = self._total_room(q)
-                if total <= 0:
-                    continue
-                buckets = self._flow_buckets(call, q, flow, p.tenant)
-                rate, _, _ = self._rate_room(buckets, now)
-                take = int(min(budget - served, total, rate))
-                if take <= 0:
-                    continue
-                got, _ = claim(p, flow, take, buckets)
-                if got > 0:
-                    served += got
-                    self.borrowed += got
-                    advance(p, kc, got)
-
-        for rnd in range(MAX_ROUNDS):
-            parked_now = False
-            if gather() == 0 and rnd > 0 and not widen:
-                break
-            serve_pairs()
-            if served >= budget or not (parked_now or widen):
-                break
-            if widen:  # twice the width of every queue not read to its end
-                for name, b in bounds.items():
-                    if b < INF:
-                        widths[name] *= 2
-        borrow_idle_slots()
-        self._flush_buckets(call, self.queues)
-
-        # write back (only when the floor was read: else nothing was a candidate): V:tt
-        # with the floor (pruned below it on a tick), the copies (only where still
-        # registered), key sets with their floors
-        f = call.floor
-        if f is None:
-            return out
-        touched = False
-        for tenant, t in ten.items():
-            if t.touched:
-                assert t.tag is not None
-                self.tt[tenant] = t.tag
-                touched = True
-        if touched or f.value > f.start or not f.stored:
-            self.tfloor = f.value
-        if not f.stored or math.floor(f.value / TICK) > math.floor(f.start / TICK):
-            self.tt = {t: tag for t, tag in self.tt.items() if tag >= f.value}
-        for p in plist:
-            assert p.ten is not None and p.ten.tag is not None
-            if p.ten.touched and not p.dropped and p.tenant in p.q.tq:
-                p.q.tq[p.tenant] = p.ten.tag
-        for (qname, tenant), p in keysets.items():
-            q = self.queues[qname]
-            kk = q.keys_of(tenant)
-            for k in p.keys or []:
-                if k.touched and not k.gone:
-                    kk[k.flow] = k.tag
-            assert p.kf is not None
-            if p.kf[1]:
-                q.kfloor[tenant] = float(p.kf[0])
-                p.kf[1] = False
-        return out
+        """The fair queues of one call, in one SFQ order over (tenant, queue) pairs (see
+        :class:`_FairServe`)."""
+        return _FairServe(self, queues, heads, budget, now).run()
 
     def _kw(self, q: QueueModel, flow: str) -> float:
         return 1.0 if keyless_group(flow) else q.key_weights.get(flow_key(flow), 1.0)
@@ -1233,3 +775,530 @@ class SfqModel:
             else:
                 c.head = head
         return out
+
+
+class _FairServe:
+    """One dequeue call's fair serve, phase by phase as the scripts run it: gather
+    candidates (:meth:`gather`), serve rounds (:meth:`serve_round`), borrow
+    (:meth:`borrow_idle_slots`), write back (:meth:`write_back`)."""
+
+    def __init__(
+        self,
+        m: SfqModel,
+        queues: list[QueueModel],
+        heads: dict[str, int],
+        budget: int,
+        now: int,
+    ) -> None:
+        self.m = m
+        self.queues = queues
+        self.heads = heads  # queue -> its ready keyless head
+        self.budget = budget
+        self.now = now
+        self.call = _Call(now)
+        self.by_id: dict[tuple[str, str], _Pair] = {}
+        self.plist: list[_Pair] = []
+        self.ten: dict[str, _Ten] = {}
+        self.served = 0
+        self.served_of: dict[tuple[str, str], int] = {}
+        self.keysets: dict[tuple[str, str], _Pair] = {}
+        self.out: list[tuple[str, str, str]] = []
+        self.parked_now = False
+        self.qdone: set[str] = set()  # queues that serve no more in this call
+        self.widths: dict[str, int] = {}  # queue -> how many of its B:tq entries gathers read
+        self.bounds: dict[str, float] = {}  # queue -> no pair it did not read has a lower copy
+        self.tq_bound = INF  # the least of the last gather's bounds
+        self.widen = False  # the last round stopped to read more candidates
+        self.lenders: list[tuple[_Pair, str, _Key | None]] = []  # capped flows (borrow)
+
+    def run(self) -> list[tuple[str, str, str]]:
+        """Gather and serve rounds (again while a round parked something or must read
+        more), borrowing, the buckets, the write-back; the runs served."""
+        for rnd in range(MAX_ROUNDS):
+            self.parked_now = False
+            if self.gather() == 0 and rnd > 0 and not self.widen:
+                break
+            self.serve_round()
+            if self.served >= self.budget or not (self.parked_now or self.widen):
+                break
+            if self.widen:  # twice the width of every queue not read to its end
+                for name, b in self.bounds.items():
+                    if b < INF:
+                        self.widths[name] *= 2
+        self.borrow_idle_slots()
+        self.m._flush_buckets(self.call, self.m.queues)
+        self.write_back()
+        return self.out
+
+    # ------------------------------------------------------------------ gather
+
+    def pair_of(self, q: QueueModel, tenant: str, copy: float) -> _Pair:
+        p = self.by_id.get((tenant, q.name))
+        if p is None:
+            p = self.by_id[(tenant, q.name)] = _Pair(q, tenant, copy)
+            self.plist.append(p)
+        return p
+
+    def attach(self, first: int) -> None:
+        m, ten = self.m, self.ten
+        floor = m._floor(self.call).value
+        for p in self.plist[first:]:
+            if p.tenant not in ten:
+                ten[p.tenant] = _Ten(m.tt.get(p.tenant), m.tw.get(p.tenant))
+        for p in self.plist[first:]:
+            t = ten[p.tenant]
+            if t.weight is None and not p.tenant.startswith("/"):
+                t.weight = p.q.key_weights.get(p.tenant)
+        for p in self.plist[first:]:
+            t = ten[p.tenant]
+            if t.tag is None:
+                t.tag = p.copy
+            if t.tag < floor:
+                t.tag = floor
+            if t.weight is None:
+                t.weight = 1.0
+            p.ten = t
+
+    def queue_open(self, q: QueueModel) -> bool:
+        """Whether q may serve in this call (its total cap and rate leave room)."""
+        if q.name in self.qdone:
+            return False
+        m = self.m
+        full = m._total_room(q) <= 0
+        limited = (
+            not full
+            and q.rate is not None
+            and m._bucket(self.call, q, "q", q.rate).peek(self.now)[0] < 1
+        )
+        if full or limited:
+            self.qdone.add(q.name)
+        return q.name not in self.qdone
+
+    def adopt_discovered(self, q: QueueModel, disc: list[tuple[str, int]], adopt: int) -> bool:
+        """Discovered heads (and the keyless head): flows nothing registered join (and
+        are candidates), a registered pair not yet a candidate only among the first
+        ``adopt``. Returns whether one joined."""
+        m = self.m
+        flows = [f for f, _ in disc]
+        found: dict[str, float] = {f: float(h) for f, h in disc}
+        if q.name in self.heads:
+            flows.append(KEYLESS)
+            found[KEYLESS] = float(self.heads[q.name])
+        unknown: list[tuple[str, str, int]] = []
+        for i, f in enumerate(flows):
+            tenant = default_tenant(q.name, f)
+            p = self.by_id.get((tenant, q.name))
+            if p is None:
+                unknown.append((tenant, f, i))
+            else:
+                p.disc[f] = found[f]
+                p.tie = min(p.tie, found[f])
+        fresh = False
+        scores = [q.tq.get(t) for t, _, _ in unknown]
+        for (tenant, f, i), score in zip(unknown, scores, strict=True):
+            joins = i < adopt or f == KEYLESS
+            if score is None and f"k:{f}" not in q.park and f"t:{tenant}" not in q.park:
+                if flow_tenant(f):
+                    m._register_key(self.call, q, tenant, f)
+                m._register_pair(self.call, q, tenant)
+                score = q.tq.get(tenant)
+                joins = fresh = True
+                m.joined_by_discovery += 1
+            if score is not None and joins:
+                p = self.pair_of(q, tenant, score)
+                p.disc[f] = found[f]
+                p.tie = min(p.tie, found[f])
+        return fresh
+
+    def discover(self, q: QueueModel, width: int, most: int) -> None:
+        """Discovery: ``adopt`` heads, or all it may read while the queue's flag says
+        reads lately registered flows (then on to them when this one did)."""
+        full = max(most, 3 * self.budget)
+        adopt = min(max(width, math.ceil(3 * width / self.m.window)), full)
+        first = full if q.unregistered else adopt
+        self.m.full_reads += int(q.unregistered)
+        ready = [e for e in q.ck_index() if e[1] <= self.now]
+        fresh = self.adopt_discovered(q, ready[:first], adopt)
+        read_all = len(ready) < first
+        if fresh and not read_all and first < full:
+            self.adopt_discovered(q, ready[:full], adopt)
+        q.unregistered = fresh
+
+    def gather(self) -> int:
+        """Candidates of every open queue: its lowest ``width`` copies (``budget`` + 1
+        at first, at least FIRST_READ, twice as many each time the call must read
+        more, up to budget x window), and as many of its discovered heads (3 x width /
+        window with a window under 3); when a flow among those joined, its heads on to
+        max(budget x window, 3 x budget) (see ``adopt_discovered``)."""
+        before = len(self.plist)
+        self.tq_bound = INF
+        for q in self.queues:
+            if not self.queue_open(q):
+                continue
+            self.m._promote_due(self.call, q, self.now)
+            most = self.budget * self.m.window
+            first = max(self.budget + 1, FIRST_READ)
+            width = self.widths[q.name] = min(self.widths.get(q.name, first), most)
+            win = sorted(q.tq.items(), key=lambda e: (e[1], e[0]))[:width]
+            for tenant, copy in win:
+                self.pair_of(q, tenant, copy)
+            self.bounds[q.name] = win[-1][1] if width < most and len(win) == width else INF
+            self.tq_bound = min(self.tq_bound, self.bounds[q.name])
+            self.discover(q, width, most)
+        if len(self.plist) > before:
+            self.attach(before)
+        return len(self.plist) - before
+
+    # ------------------------------------------------------------------ keys of a pair
+
+    def pair_emptied(self, p: _Pair) -> bool:
+        """Every key of a (wholly loaded) key set left it in this call."""
+        if not p.complete or (p.q.name, p.tenant) in self.call.kadded:
+            return False
+        return all(k.gone for k in p.keys or [])
+
+    @staticmethod
+    def key_entries(p: _Pair, width: int) -> list[tuple[str, float]]:
+        """The first ``width`` entries of p's key set (its floor member included), and
+        whether that is all of it."""
+        members = dict(p.q.keysets.get(p.tenant) or {})
+        if p.tenant in p.q.kfloor:
+            members[KEY_FLOOR_MEMBER] = p.q.kfloor[p.tenant]
+        entries = sorted(members.items(), key=lambda e: (e[1], e[0]))[:width]
+        p.width = width
+        p.complete = len(entries) < width
+        return entries
+
+    def list_keys(self, p: _Pair, entries: list[tuple[str, float]]) -> None:
+        assert p.keys is not None and p.kf is not None
+        listed = {k.flow for k in p.keys}
+        for f, tag in entries:
+            if f != KEY_FLOOR_MEMBER and f not in listed:
+                listed.add(f)
+                k = _Key(f, max(tag, float(p.kf[0])), p.disc.get(f, INF), self.m._kw(p.q, f))
+                p.keys.append(k)
+
+    @staticmethod
+    def read_bound(p: _Pair, entries: list[tuple[str, float]]) -> None:
+        assert p.kf is not None
+        p.bound = INF if p.complete else max(entries[-1][1], float(p.kf[0]))
+
+    def load_keys(self, p: _Pair) -> None:
+        if p.keys is not None or p.simple:
+            return
+        q, m = p.q, self.m
+        entries = self.key_entries(p, KEYS_LOADED) if q.named else []
+        if not entries:
+            p.simple = True
+            return
+        kk = q.keysets.get(p.tenant) or {}
+        p.kf = m._key_floor(self.call, q, p.tenant)
+        p.keys = []
+        self.list_keys(p, entries)
+        self.read_bound(p, entries)
+        listed = {k.flow for k in p.keys}
+        added: list[tuple[str, float]] = []
+        for f in sorted(f for f in p.disc if f not in listed):
+            found = None if p.complete else kk.get(f)
+            tag = found if found is not None else m._register_key(self.call, q, p.tenant, f)
+            if tag is not None:
+                added.append((f, tag))
+        self.list_keys(p, added)
+        self.keysets[(q.name, p.tenant)] = p
+        if not p.keys and self.pair_emptied(p):
+            self.drop(p)
+
+    def load_more_keys(self, p: _Pair) -> None:
+        self.m.reads_more += 1
+        entries = self.key_entries(p, 2 * p.width)
+        self.list_keys(p, entries)
+        self.read_bound(p, entries)
+        if self.pair_emptied(p):
+            self.drop(p)
+
+    @staticmethod
+    def listed_best(p: _Pair) -> tuple[_Key | None, _Key | None]:
+        active = sorted((k for k in p.keys or [] if k.active), key=lambda k: (k.tag, k.tie, k.flow))
+        return (active[0] if active else None, active[1] if len(active) > 1 else None)
+
+    def best_keys(self, p: _Pair) -> tuple[_Key | None, _Key | None]:
+        """The tenant's best key and the next (at most the bound of what was read: a
+        key not read may be there), reading more of its set while the best listed key
+        may not be the best."""
+        best, second = self.listed_best(p)
+        while not p.complete and (best is None or best.tag > p.bound):
+            self.load_more_keys(p)
+            best, second = self.listed_best(p)
+        if not p.complete and (second is None or second.tag > p.bound):
+            second = _Key("", p.bound, INF, 1.0)
+        return best, second
+
+    # ------------------------------------------------------------------ leaving the order
+
+    @staticmethod
+    def drop(p: _Pair) -> None:
+        p.active = False
+        p.dropped = True
+        p.q.tq.pop(p.tenant, None)
+
+    def park_pair(self, p: _Pair, due: int | None) -> None:
+        assert p.ten is not None and p.ten.tag is not None
+        p.q.tq.pop(p.tenant, None)
+        self.m._park(self.call, p.q, f"t:{p.tenant}", p.ten.tag, due)
+        self.parked_now = True
+
+    def park_key(self, p: _Pair, k: _Key, due: int | None) -> None:
+        k.active = False
+        k.gone = True
+        p.q.keys_of(p.tenant).pop(k.flow, None)
+        self.m._park(self.call, p.q, f"k:{k.flow}", k.tag, due)
+        self.parked_now = True
+        if self.pair_emptied(p):
+            self.drop(p)
+
+    # ------------------------------------------------------------------ serve a round
+
+    @staticmethod
+    def pair_key(c: _Pair) -> tuple[float, float, str, str]:
+        assert c.ten is not None and c.ten.tag is not None
+        return (c.ten.tag, c.tie, c.tenant, c.q.name)
+
+    def advance(self, p: _Pair, kc: _Key | None, got: int) -> None:
+        t = p.ten
+        assert t is not None and t.tag is not None and t.weight is not None
+        m = self.m
+        step = m.quantum / t.weight
+        start = t.tag
+        f = m._floor(self.call)
+        f.value = max(f.value, start + (got - 1) * step)
+        t.tag = start + got * step
+        t.touched = True
+        if kc is not None:
+            assert p.kf is not None
+            kstep = m.quantum / kc.weight
+            klast = kc.tag + (got - 1) * kstep
+            if klast > float(p.kf[0]):
+                p.kf[0] = klast
+                p.kf[1] = True
+            kc.tag = kc.tag + got * kstep
+            kc.touched = True
+
+    def claim(
+        self, p: _Pair, flow: str, limit: int, buckets: list[tuple[_Bucket, str]]
+    ) -> tuple[int, int | None]:
+        """Claim up to ``limit`` ready runs of pair p's flow (in the served order) and
+        take them from its buckets; the count and the flow's new head."""
+        claimed: list[tuple[str, str]] = []
+        ta = p.tenant if flow_tenant(flow) is not None else ""
+        got, head = self.m._claim(p.q, flow, limit, ta, self.now, claimed)
+        self.out.extend((r, p.q.name, f) for r, f in claimed)
+        for b, _ in buckets:
+            b.tokens -= got
+            b.dirty = True
+        return got, head
+
+    def serve_round(self) -> None:
+        """The SFQ loop; it stops (``widen``) when the best pair's tag passes what the
+        gather read, or nobody is left while a queue was not read to its end."""
+        self.widen = False
+        while self.served < self.budget:
+            cands = [c for c in self.plist if c.active and c.q.name not in self.qdone]
+            p = min(cands, key=self.pair_key) if cands else None
+            if p is None or self.pair_key(p)[0] > self.tq_bound:
+                self.widen = self.tq_bound < INF
+                break
+            others = [c for c in cands if c.tenant != p.tenant]
+            self.pick(p, min(others, key=self.pair_key) if others else None)
+
+    def pick(self, p: _Pair, second: _Pair | None) -> None:
+        """The best pair's best flow, served (or held back) under the gates."""
+        q, m = p.q, self.m
+        self.load_keys(p)
+        kc = kc2 = None
+        if p.simple:
+            flow: str | None = KEYLESS if p.tenant.startswith("/") else p.tenant
+        else:
+            kc, kc2 = self.best_keys(p)
+            flow = kc.flow if kc is not None else None
+        if flow is None:
+            p.active = False
+            return
+        named = flow_tenant(flow) is not None
+        per_key = m.max_per_key or self.budget
+        sid = (q.name, flow)
+        want = min(self.budget - self.served, per_key - self.served_of.get(sid, 0))
+        total = m._total_room(q)
+        if total <= 0:
+            self.qdone.add(q.name)
+            return
+        room, bound = m._room(q, flow, p.tenant, named)
+        if room <= 0:
+            self.hold_back_by_cap(p, kc, flow, named, bound)
+            return
+        buckets = m._flow_buckets(self.call, q, flow, p.tenant)
+        rate, scope, next_at = m._rate_room(buckets, self.now)
+        if rate <= 0:
+            self.hold_back_by_rate(p, kc, scope, next_at)
+            return
+        take = int(min(want, room, total, rate))
+        if take <= 0:  # this flow had its share of the call (max_per_key)
+            if kc is not None:
+                kc.active = False
+            else:
+                p.active = False
+            return
+        self.serve_flow(p, kc, flow, self.run_length(p, kc, kc2, second, take), buckets)
+
+    def hold_back_by_cap(
+        self, p: _Pair, kc: _Key | None, flow: str, named: bool, bound: str | None
+    ) -> None:
+        """A key or tenant cap holds the flow back: parked when it holds a slot (back when
+        one frees), else (a cap of 0 or below: no slot of it can free) skipped in this
+        call; a queue that lends lists it for borrowing."""
+        q = p.q
+        holds = (
+            q.trunning.get(p.tenant, 0) > 0 if bound == "tenant" and named else q.running(flow) > 0
+        )
+        if not holds:
+            if kc is not None and bound == "key":
+                kc.active = False
+            else:
+                p.active = False
+            return
+        if bound == "key" and not p.simple:
+            assert kc is not None
+            self.park_key(p, kc, None)
+        else:
+            p.active = False
+            self.park_pair(p, None)
+        if q.borrow:
+            self.lenders.append((p, flow, kc))
+
+    def hold_back_by_rate(self, p: _Pair, kc: _Key | None, scope: str, next_at: int) -> None:
+        """A rate holds the flow back: the queue serves no more, or the tenant or key is
+        parked until its next token."""
+        self.m.rate_held += 1
+        if scope == "queue":
+            self.qdone.add(p.q.name)
+        elif scope == "tenant" or p.simple:
+            p.active = False
+            self.park_pair(p, next_at)
+        else:
+            assert kc is not None
+            self.park_key(p, kc, next_at)
+
+    def run_length(
+        self, p: _Pair, kc: _Key | None, kc2: _Key | None, second: _Pair | None, take: int
+    ) -> int:
+        """How many runs p takes before its start tag passes the next tenant's (or a pair
+        not read yet: from the read bound on) or, inside the tenant, the next key's."""
+        assert p.ten is not None and p.ten.tag is not None and p.ten.weight is not None
+        run = take
+        step = self.m.quantum / p.ten.weight
+        stop = self.tq_bound
+        if second is not None:
+            assert second.ten is not None and second.ten.tag is not None
+            stop = min(stop, second.ten.tag)
+        if stop < INF:
+            run = min(run, max(1, math.ceil((stop - p.ten.tag) / step - 1e-9)))
+        if kc is not None and kc2 is not None:
+            kstep = self.m.quantum / kc.weight
+            run = min(run, max(1, math.ceil((kc2.tag - kc.tag) / kstep - 1e-9)))
+        return run
+
+    def serve_flow(
+        self, p: _Pair, kc: _Key | None, flow: str, run: int, buckets: list[tuple[_Bucket, str]]
+    ) -> None:
+        """Claim ``run`` runs, advance the tags, and settle what the flow's new head says:
+        drained, only future runs (parked until due), or more to serve."""
+        q = p.q
+        got, head = self.claim(p, flow, run, buckets)
+        if got > 0:
+            self.served += got
+            sid = (q.name, flow)
+            self.served_of[sid] = self.served_of.get(sid, 0) + got
+            self.advance(p, kc, got)
+            if kc is not None:
+                kc.tie = INF if head is None else float(head)
+                ties = [k.tie for k in p.keys or [] if k.active]
+                p.tie = min(ties, default=INF)
+            else:
+                p.tie = INF if head is None else float(head)
+        if head is None:
+            if kc is not None:
+                kc.active = False
+                kc.gone = True
+                q.keys_of(p.tenant).pop(flow, None)
+                if self.pair_emptied(p):
+                    self.drop(p)
+            else:
+                self.drop(p)
+        elif head > self.now:
+            if kc is not None:
+                self.park_key(p, kc, head)
+            else:
+                p.active = False
+                self.park_pair(p, head)
+        elif got == 0:
+            if kc is not None:
+                kc.active = False
+            else:
+                p.active = False
+
+    # ------------------------------------------------------------------ borrow, write back
+
+    def borrow_idle_slots(self) -> None:
+        """Capped flows (of queues with ``borrow``) take the slots nobody else of the
+        call could use, in the order they were held back; rates and total caps still
+        hold."""
+        m = self.m
+        for p, flow, kc in self.lenders:
+            if self.served >= self.budget:
+                break
+            q = p.q
+            total = m._total_room(q)
+            if total <= 0:
+                continue
+            buckets = m._flow_buckets(self.call, q, flow, p.tenant)
+            rate, _, _ = m._rate_room(buckets, self.now)
+            take = int(min(self.budget - self.served, total, rate))
+            if take <= 0:
+                continue
+            got, _ = self.claim(p, flow, take, buckets)
+            if got > 0:
+                self.served += got
+                m.borrowed += got
+                self.advance(p, kc, got)
+
+    def write_back(self) -> None:
+        """Only when the floor was read (else nothing was a candidate): V:tt with the
+        floor (pruned below it on a tick), the copies (only where still registered), key
+        sets with their floors."""
+        m = self.m
+        f = self.call.floor
+        if f is None:
+            return
+        touched = False
+        for tenant, t in self.ten.items():
+            if t.touched:
+                assert t.tag is not None
+                m.tt[tenant] = t.tag
+                touched = True
+        if touched or f.value > f.start or not f.stored:
+            m.tfloor = f.value
+        if not f.stored or math.floor(f.value / TICK) > math.floor(f.start / TICK):
+            m.tt = {t: tag for t, tag in m.tt.items() if tag >= f.value}
+        for p in self.plist:
+            assert p.ten is not None and p.ten.tag is not None
+            if p.ten.touched and not p.dropped and p.tenant in p.q.tq:
+                p.q.tq[p.tenant] = p.ten.tag
+        for (qname, tenant), p in self.keysets.items():
+            q = m.queues[qname]
+            kk = q.keys_of(tenant)
+            for k in p.keys or []:
+                if k.touched and not k.gone:
+                    kk[k.flow] = k.tag
+            assert p.kf is not None
+            if p.kf[1]:
+                q.kfloor[tenant] = float(p.kf[0])
+                p.kf[1] = False

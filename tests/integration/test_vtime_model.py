@@ -215,128 +215,178 @@ async def run_workload(
 ) -> dict[str, int]:
     """Drive the same random operations through the Lua and the model, comparing after
     every operation. Returns how many of each operation ran (and runs served)."""
-    queues = list(opts.queues)
-    keys = ([f"k{i}" for i in range(opts.keys - 2)] + ["zz", "a"])[: opts.keys]
-    tenant_of: dict[str, str | None] = {
-        k: rng.choice(TENANTS) if rng.random() < opts.named else None for k in keys
-    }
-    inflight: dict[str, Delivery] = {}
-    counts: dict[str, int] = {}
-    now = T0
-    counter = 0
-    if opts.limits:
-        for queue in queues:
-            await rq.set_queue_options(env, queue, borrow=True)
-            model.queue(queue).borrow = True
-    if opts.charge:
-        for queue in queues:
-            await rq.set_queue_options(env, queue, charge="duration")
-            model.queue(queue).charge = True
+    workload = Workload(rq, env, model, opts, rng, age_rq)
+    await workload.setup()
     for step in range(steps):
-        now += rng.randint(1, 5)
-        where = f"step {step}"
-        if opts.limits and rng.random() < 0.06:
-            kind = await change_limit(rq, env, model, rng, queues, keys)
-            counts[kind] = counts.get(kind, 0) + 1
-            if compare_state:
-                stored = await read_state(rq, env, opts.queues, model_pool(model))
-                assert stored == model_state(model, opts.queues), f"{where} ({kind})"
-            continue
-        op = rng.random()
-        if op < 0.33:
-            kind = "enqueue"
-            for _ in range(rng.randint(1, 4)):
-                queue = rng.choice(queues)
-                key = None if rng.random() < opts.keyless else rng.choice(keys)
-                tenant = rng.choice([*TENANTS, None]) if key is None else tenant_of[key]
-                run = f"r{counter}"
-                counter += 1
-                score = (
-                    now - rng.randint(0, 500) if rng.random() < 0.85 else now + rng.randint(1, 40)
-                )
-                if opts.unregistered and rng.random() < opts.unregistered:
-                    assert age_rq is not None
-                    await age_rq.enqueue(
-                        env, queue, run, None, concurrency_key=key, tenant=tenant,
-                        available_at_ms=score, now_ms=now,
-                    )  # fmt: skip
-                    model.enqueue_unregistered(queue, run, key, tenant, score)
-                    counts["unregistered"] = counts.get("unregistered", 0) + 1
-                    continue
-                await rq.enqueue(env, queue, run, None, concurrency_key=key, tenant=tenant,
-                                 available_at_ms=score, now_ms=now)  # fmt: skip
-                model.enqueue(queue, run, key, tenant, score, now)
-        elif op < 0.63:
-            kind = "dequeue"
-            max_count = rng.randint(1, opts.max_count)
-            chosen = (
-                queues if rng.random() < 0.7 else rng.sample(queues, rng.randint(1, len(queues)))
-            )
-            batch = await rq.dequeue(max_count, env=env, queues=chosen, now_ms=now)
-            want = [
-                (r, q, f, model.runs[r].ta) for r, q, f in model.dequeue(chosen, max_count, now)
-            ]
-            assert delivered(batch) == want, where
-            for d in batch:
-                inflight[d.run_id] = d
-            counts["served"] = counts.get("served", 0) + len(batch)
-        elif op < 0.79:
-            kind = "ack"
-            for run in rng.sample(sorted(inflight), k=min(len(inflight), rng.randint(1, 5))):
-                await rq.ack([inflight.pop(run)], now_ms=now)
-                model.ack(run, now)
-        elif op < 0.85:
-            kind = "nack"
-            if inflight:
-                run = rng.choice(sorted(inflight))
-                retry_at = now if rng.random() < 0.6 else now + rng.randint(1, 30)
-                await rq.nack(inflight.pop(run), retry_at_ms=retry_at, now_ms=now)
-                model.nack(run, retry_at, now)
-        elif op < 0.89:
-            kind = "cap"
-            queue = rng.choice(queues)
-            q = model.queue(queue)
-            cap = rng.choice([None, None, 1, 2, 3])
-            which = rng.random()
-            if which < 0.4:
-                await set_key_cap(rq, env, q, rng.choice(keys), cap)
-            elif which < 0.8:
-                await set_tenant_cap(rq, env, q, rng.choice(TENANTS), cap)
-            else:
-                await rq.set_queue_concurrency(env, queue, cap)
-                q.concurrency = cap
-        elif op < 0.93:
-            kind = "weight"
-            w = rng.choice([None, 0.5, 1.0, 2.0, 3.0])
-            if rng.random() < 0.5:
-                key = rng.choice(keys)
-                for queue in queues:  # one weight per key in every queue (see sfq_model)
-                    await rq.set_concurrency_key_weight(env, queue, key, w)
-                    q = model.queue(queue)
-                    q.key_weights.pop(key, None) if w is None else q.key_weights.__setitem__(key, w)
-            else:
-                t = rng.choice(TENANTS)
-                await rq.set_tenant_weight(env, t, w)
-                model.tw.pop(t, None) if w is None else model.tw.__setitem__(t, w)
-        elif op < 0.97:
-            kind = "tenant"
-            tenant_of[rng.choice(keys)] = rng.choice([*TENANTS, None])
-        elif op < 0.98:
-            kind = "floor"
-            await delete_tenant_floor(rq, env, model_pool(model))
-            model.delete_floor()
-        elif op < 0.99:
-            kind = "jump"  # past the re-check of cap-parked members
-            now += CAP_RECHECK_MS + rng.randint(0, 1000)
-        else:
-            kind = "idle"
-        counts[kind] = counts.get(kind, 0) + 1
-        if compare_state:
-            stored = await read_state(rq, env, opts.queues, model_pool(model))
-            assert stored == model_state(model, opts.queues), f"{where} ({kind})"
+        await workload.step(step, compare_state)
         if after_step is not None:
             await after_step()
-    return counts
+    return workload.counts
+
+
+class Workload:
+    """One random workload: the same operations on the Lua (``rq``) and the model."""
+
+    def __init__(
+        self,
+        rq: RunQueue,
+        env: Environment,
+        model: SfqModel,
+        opts: Options,
+        rng: random.Random,
+        age_rq: RunQueue | None,
+    ) -> None:
+        self.rq, self.env, self.model, self.opts, self.rng = rq, env, model, opts, rng
+        self.age_rq = age_rq
+        self.queues = list(opts.queues)
+        self.keys = ([f"k{i}" for i in range(opts.keys - 2)] + ["zz", "a"])[: opts.keys]
+        self.tenant_of: dict[str, str | None] = {
+            k: rng.choice(TENANTS) if rng.random() < opts.named else None for k in self.keys
+        }
+        self.inflight: dict[str, Delivery] = {}
+        self.counts: dict[str, int] = {}
+        self.now = T0
+        self.counter = 0
+        self.where = ""  # the step, for a failed assertion
+
+    def count(self, kind: str, n: int = 1) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + n
+
+    async def setup(self) -> None:
+        rq, env, model = self.rq, self.env, self.model
+        if self.opts.limits:
+            for queue in self.queues:
+                await rq.set_queue_options(env, queue, borrow=True)
+                model.queue(queue).borrow = True
+        if self.opts.charge:
+            for queue in self.queues:
+                await rq.set_queue_options(env, queue, charge="duration")
+                model.queue(queue).charge = True
+
+    async def compare(self, where: str) -> None:
+        stored = await read_state(self.rq, self.env, self.opts.queues, model_pool(self.model))
+        assert stored == model_state(self.model, self.opts.queues), where
+
+    async def step(self, step: int, compare_state: bool) -> None:
+        """One random operation (its kind by one draw), then the states compared."""
+        rng = self.rng
+        self.now += rng.randint(1, 5)
+        self.where = f"step {step}"
+        if self.opts.limits and rng.random() < 0.06:
+            kind = await change_limit(self.rq, self.env, self.model, rng, self.queues, self.keys)
+        else:
+            op = rng.random()
+            kind, run = next((k, r) for upto, k, r in self.operations() if op < upto)
+            await run()
+        self.count(kind)
+        if compare_state:
+            await self.compare(f"{self.where} ({kind})")
+
+    def operations(self) -> list[tuple[float, str, Callable[[], Awaitable[None]]]]:
+        """Each operation with the draw below which it is chosen."""
+        return [
+            (0.33, "enqueue", self.enqueue),
+            (0.63, "dequeue", self.dequeue),
+            (0.79, "ack", self.ack),
+            (0.85, "nack", self.nack),
+            (0.89, "cap", self.cap),
+            (0.93, "weight", self.weight),
+            (0.97, "tenant", self.retenant),
+            (0.98, "floor", self.lose_floor),
+            (0.99, "jump", self.jump),
+            (1.0, "idle", self.idle),
+        ]
+
+    async def enqueue(self) -> None:
+        rng, opts, now = self.rng, self.opts, self.now
+        for _ in range(rng.randint(1, 4)):
+            queue = rng.choice(self.queues)
+            key = None if rng.random() < opts.keyless else rng.choice(self.keys)
+            tenant = rng.choice([*TENANTS, None]) if key is None else self.tenant_of[key]
+            run = f"r{self.counter}"
+            self.counter += 1
+            score = now - rng.randint(0, 500) if rng.random() < 0.85 else now + rng.randint(1, 40)
+            if opts.unregistered and rng.random() < opts.unregistered:
+                assert self.age_rq is not None
+                await self.age_rq.enqueue(
+                    self.env, queue, run, None, concurrency_key=key, tenant=tenant,
+                    available_at_ms=score, now_ms=now,
+                )  # fmt: skip
+                self.model.enqueue_unregistered(queue, run, key, tenant, score)
+                self.count("unregistered")
+                continue
+            await self.rq.enqueue(self.env, queue, run, None, concurrency_key=key, tenant=tenant,
+                                  available_at_ms=score, now_ms=now)  # fmt: skip
+            self.model.enqueue(queue, run, key, tenant, score, now)
+
+    async def dequeue(self) -> None:
+        rng, queues, model = self.rng, self.queues, self.model
+        max_count = rng.randint(1, self.opts.max_count)
+        chosen = queues if rng.random() < 0.7 else rng.sample(queues, rng.randint(1, len(queues)))
+        batch = await self.rq.dequeue(max_count, env=self.env, queues=chosen, now_ms=self.now)
+        want = [
+            (r, q, f, model.runs[r].ta) for r, q, f in model.dequeue(chosen, max_count, self.now)
+        ]
+        assert delivered(batch) == want, self.where
+        for d in batch:
+            self.inflight[d.run_id] = d
+        self.count("served", len(batch))
+
+    async def ack(self) -> None:
+        inflight = self.inflight
+        for run in self.rng.sample(sorted(inflight), k=min(len(inflight), self.rng.randint(1, 5))):
+            await self.rq.ack([inflight.pop(run)], now_ms=self.now)
+            self.model.ack(run, self.now)
+
+    async def nack(self) -> None:
+        rng, now = self.rng, self.now
+        if self.inflight:
+            run = rng.choice(sorted(self.inflight))
+            retry_at = now if rng.random() < 0.6 else now + rng.randint(1, 30)
+            await self.rq.nack(self.inflight.pop(run), retry_at_ms=retry_at, now_ms=now)
+            self.model.nack(run, retry_at, now)
+
+    async def cap(self) -> None:
+        rng, rq, env = self.rng, self.rq, self.env
+        queue = rng.choice(self.queues)
+        q = self.model.queue(queue)
+        cap = rng.choice([None, None, 1, 2, 3])
+        which = rng.random()
+        if which < 0.4:
+            await set_key_cap(rq, env, q, rng.choice(self.keys), cap)
+        elif which < 0.8:
+            await set_tenant_cap(rq, env, q, rng.choice(TENANTS), cap)
+        else:
+            await rq.set_queue_concurrency(env, queue, cap)
+            q.concurrency = cap
+
+    async def weight(self) -> None:
+        rng, rq, env, model = self.rng, self.rq, self.env, self.model
+        w = rng.choice([None, 0.5, 1.0, 2.0, 3.0])
+        if rng.random() < 0.5:
+            key = rng.choice(self.keys)
+            for queue in self.queues:  # one weight per key in every queue (see sfq_model)
+                await rq.set_concurrency_key_weight(env, queue, key, w)
+                q = model.queue(queue)
+                q.key_weights.pop(key, None) if w is None else q.key_weights.__setitem__(key, w)
+        else:
+            t = rng.choice(TENANTS)
+            await rq.set_tenant_weight(env, t, w)
+            model.tw.pop(t, None) if w is None else model.tw.__setitem__(t, w)
+
+    async def retenant(self) -> None:
+        self.tenant_of[self.rng.choice(self.keys)] = self.rng.choice([*TENANTS, None])
+
+    async def lose_floor(self) -> None:
+        await delete_tenant_floor(self.rq, self.env, model_pool(self.model))
+        self.model.delete_floor()
+
+    async def jump(self) -> None:
+        """Past the re-check of cap-parked members."""
+        self.now += CAP_RECHECK_MS + self.rng.randint(0, 1000)
+
+    async def idle(self) -> None:
+        return None
 
 
 SEEDS: list[tuple[int, Options]] = [
