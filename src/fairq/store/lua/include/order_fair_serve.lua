@@ -258,34 +258,25 @@ do
     ck_index_flush(X)
     local disc = redis.call('ZRANGEBYSCORE', queue_key(Q.OB, 'ck_index'), '-inf', X.now,
       'WITHSCORES', 'LIMIT', 0, width)
-    local flows, found = {}, {} -- found[i]: the head of flows[i]
-    local all = #disc < 2 * width -- every ready head was read
-    for i = 1, #disc, 2 do
-      local j = #flows + 1
-      flows[j] = disc[i]
-      found[j] = tonumber(disc[i + 1])
-    end
-    if F.heads[Q.name] ~= nil then
-      local j = #flows + 1
-      flows[j] = KEYLESS_FLOW
-      found[j] = F.heads[Q.name]
-    end
-    return flows, found, all
+    return disc, #disc < 2 * width -- (flow, head, ...), and whether that was every one
   end
 
-  -- Discovered flows whose pair is not a candidate yet: registered by the join rules
-  -- (unless parked), then candidates; a registered one only among the first `adopt`
-  -- (the keyless head always). Returns whether it registered any.
-  function E.adopt_discovered(F, Q, flows, found, adopt)
+  -- The discovered heads `disc` (flow, head, ... as discover_heads reads them) and the
+  -- queue's keyless head (F.heads): a flow whose pair is not a candidate yet is registered
+  -- by the join rules (unless parked), then a candidate; a registered one only among the
+  -- first `adopt` (the keyless head always). Returns whether it registered any.
+  function E.adopt_discovered(F, Q, disc, adopt)
     local X = F.X
     local unknown, unknown_at = nil, nil -- (made for the first)
     local of_queue = F.by_id[Q.OB] or E.NONE
-    for i = 1, #flows do
-      local flow = flows[i]
+    local n = #disc / 2
+    local keyless = F.heads[Q.name]
+    for i = 1, keyless ~= nil and n + 1 or n do
+      local flow = i <= n and disc[2 * i - 1] or KEYLESS_FLOW
       local T = default_tenant(Q.name, flow)
       local p = of_queue[T]
       if p ~= nil then
-        E.note_head(p, flow, found[i])
+        E.note_head(p, flow, i <= n and tonumber(disc[2 * i]) or keyless)
       elseif unknown == nil then
         unknown, unknown_at = {T}, {i}
       else
@@ -298,7 +289,8 @@ do
     local scores = call_list('ZMSCORE', queue_key(Q.OB, 'ready_tenants'), unknown)
     for i, T in ipairs(unknown) do
       local at = unknown_at[i]
-      local flow = flows[at]
+      local flow = at <= n and disc[2 * at - 1] or KEYLESS_FLOW
+      local head = at <= n and tonumber(disc[2 * at]) or keyless
       local score = tonumber(scores[i])
       local joins = at <= adopt or flow == KEYLESS_FLOW
       if score == nil and not is_parked(X, Q, 'k:' .. flow) and not is_parked(X, Q, 't:' .. T) then
@@ -307,7 +299,7 @@ do
         score = tonumber(redis.call('ZSCORE', queue_key(Q.OB, 'ready_tenants'), T))
         joins, fresh = true, true
       end
-      if score ~= nil and joins then E.note_head(E.pair_of(F, Q, T, score), flow, found[at]) end
+      if score ~= nil and joins then E.note_head(E.pair_of(F, Q, T, score), flow, head) end
     end
     return fresh
   end
@@ -416,11 +408,10 @@ do
     local full = math.max(most, 3 * F.budget)
     local adopt = math.min(math.max(width, math.ceil(3 * width / Q.window)), full)
     local first = Q.unregistered and full or adopt
-    local flows, found, all = E.discover_heads(F, Q, first)
-    local fresh = E.adopt_discovered(F, Q, flows, found, adopt)
+    local disc, all = E.discover_heads(F, Q, first)
+    local fresh = E.adopt_discovered(F, Q, disc, adopt)
     if fresh and not all and first < full then
-      flows, found = E.discover_heads(F, Q, full)
-      E.adopt_discovered(F, Q, flows, found, adopt)
+      E.adopt_discovered(F, Q, (E.discover_heads(F, Q, full)), adopt)
     end
     if fresh ~= Q.unregistered then
       local field = config_field(Q.name, 'unregistered')
