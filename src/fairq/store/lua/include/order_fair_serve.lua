@@ -24,7 +24,8 @@ do
   --- A gather reads at least this many copies of a queue's B:tq first (a small call would
   --- otherwise read again for every pair it serves).
   local FIRST_READ = 8
-  --- An empty list or map, shared (never written).
+  --- An empty list or map, shared: never written (E.note and E.append make the table of
+  --- their first entry in its place).
   E.NONE = {}
 
   -- Whether this call moved the floor across a tick (or created the state): time to prune
@@ -137,41 +138,40 @@ do
       plist = {},          -- the pairs, in the order found
       ten = {},            -- tenant -> {tag, weight, touched} (false while being read)
       touched = {},        -- tenants served in this call, in the order first served
-      qdone = E.NONE,      -- B -> true: the queue serves no more in this call (queue_done)
+      -- (what few calls need starts as the shared E.NONE: E.note / E.append make its
+      -- table at its first entry)
+      qdone = E.NONE,      -- B -> true: the queue serves no more in this call
       served = 0,          -- runs claimed so far
-      -- (the tables of what few calls need are made at their first entry: E.note)
-      served_of = false,   -- B|flow -> runs claimed in this call (for max_per_key)
+      served_of = E.NONE,  -- B|flow -> runs claimed in this call (for max_per_key)
       loaded = E.NONE,     -- the pairs whose key sets this call read (load_keys)
-      lenders = false,     -- a list of {p, flow, kc} held back by a cap of a queue that lends
+      lenders = E.NONE,    -- {p, flow, kc} held back by a cap of a queue that lends
       heap = false,        -- the active pairs by (tenant tag, tie, names); see serve_round
       widths = {},         -- B -> how many of its B:tq entries the gathers read (see gather)
       bounds = {},         -- B -> no pair of B:tq it did not read has a lower copy
       bound = math.huge,   -- the least of the last gather's bounds (see serve_round)
       widen = false,       -- the last round stopped to read more candidates
-      full = false,        -- B -> a read of B:tq came back full (it may be big: keep_wide)
+      full = E.NONE,       -- B -> a read of B:tq came back full (it may be big: keep_wide)
     }, SERVE_STATE_META)
   end
 
-  -- F[field][key] = value, the map made at its first entry.
+  -- F[field][key] = value (the map made at its first entry, in place of E.NONE).
   function E.note(F, field, key, value)
     local map = F[field]
-    if not map then
+    if map == E.NONE then
       map = {}
       F[field] = map
     end
     map[key] = value
   end
 
-  -- Runs of flow `sid` (B|flow) claimed in this call.
-  function E.served_runs(F, sid)
-    return F.served_of and F.served_of[sid] or 0
-  end
-
-  -- A flow held back by a cap of a queue that lends idle slots (borrow_idle_slots).
-  function E.lend(F, p, flow, kc)
-    local lenders = F.lenders or {}
-    F.lenders = lenders
-    lenders[#lenders + 1] = {p = p, flow = flow, kc = kc}
+  -- Append `value` to the list F[field] (made at its first entry, in place of E.NONE).
+  function E.append(F, field, value)
+    local list = F[field]
+    if list == E.NONE then
+      list = {}
+      F[field] = list
+    end
+    list[#list + 1] = value
   end
 
   function E.pair_of(F, Q, T, copy)
@@ -233,21 +233,15 @@ do
     if F.qdone[Q.OB] or Q.paused then return false end
     if total_room(X, Q) <= 0 then
       R.gated = true
-      E.queue_done(F, Q)
+      E.note(F, 'qdone', Q.OB, true)
     elseif Q.rate then
       local whole, at = bucket_peek(X, bucket(X, Q, 'q', Q.rate, Q.rate_burst))
       if whole <= 0 then
         wait_until(R, at)
-        E.queue_done(F, Q)
+        E.note(F, 'qdone', Q.OB, true)
       end
     end
     return not F.qdone[Q.OB]
-  end
-
-  -- Queue Q serves no more in this call (F.qdone, the shared empty table until the first).
-  function E.queue_done(F, Q)
-    if F.qdone == E.NONE then F.qdone = {} end
-    F.qdone[Q.OB] = true
   end
 
   -- The queue's `width` longest-waiting ready heads, and its keyless head: the flows and
@@ -487,8 +481,7 @@ do
       end
       E.list_keys(p, added, false)
     end
-    if F.loaded == E.NONE then F.loaded = {} end
-    F.loaded[#F.loaded + 1] = p
+    E.append(F, 'loaded', p)
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
     if #p.keys == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
   end
@@ -772,7 +765,7 @@ do
   function E.hold_back(F, p, kc, flow, named, why, next_at)
     local Q = p.Q
     if why == 'total' or why == 'rate:queue' then
-      E.queue_done(F, Q)
+      E.note(F, 'qdone', Q.OB, true)
     elseif (why == 'key' or why == 'tenant')
         and not E.holds_slot(F.X, Q, flow, p.T, named, why) then
       -- a cap at or below 0 holds it back: no slot of it can free, so it is not parked
@@ -780,11 +773,11 @@ do
       if kc ~= nil and why == 'key' then kc.active = false else p.active = false end
     elseif why == 'key' and not p.simple then
       E.key_leaves(F, p, kc, why, nil)
-      if Q.borrow then E.lend(F, p, flow, kc) end
+      if Q.borrow then E.append(F, 'lenders', {p = p, flow = flow, kc = kc}) end
     elseif why == 'key' or why == 'tenant' then
       p.active = false
       E.park_pair(F.X, Q, p.T, p.ten.tag, nil)
-      if Q.borrow then E.lend(F, p, flow, kc) end
+      if Q.borrow then E.append(F, 'lenders', {p = p, flow = flow, kc = kc}) end
     elseif why == 'rate:tenant' or (why == 'rate:key' and p.simple) then
       p.active = false
       E.park_pair(F.X, Q, p.T, p.ten.tag, next_at)
@@ -829,7 +822,7 @@ do
     took(X, Q, flow, buckets, got)
     if got > 0 then
       F.served = F.served + got
-      if sid then E.note(F, 'served_of', sid, E.served_runs(F, sid) + got) end
+      if sid then E.note(F, 'served_of', sid, (F.served_of[sid] or 0) + got) end
       E.advance(F, p, kc, got)
       -- its new head competes from now on
       if kc ~= nil then
@@ -874,7 +867,7 @@ do
     -- runs of this flow served in this call count against max_per_key (when set)
     local sid = Q.max_per_key and (Q.B .. '|' .. flow)
     local room = F.budget - F.served
-    if sid then room = math.min(room, Q.max_per_key - E.served_runs(F, sid)) end
+    if sid then room = math.min(room, Q.max_per_key - (F.served_of[sid] or 0)) end
     local take, buckets, why, next_at = flow_allowance(F.X, Q, flow, p.T, named, room, F.R,
       false)
     if take <= 0 then
@@ -918,7 +911,7 @@ do
   -- the queue can use now; never preempts.
   function E.borrow_idle_slots(F)
     local X = F.X
-    for _, l in ipairs(F.lenders or E.NONE) do
+    for _, l in ipairs(F.lenders) do
       if F.served >= F.budget then break end
       local p, flow = l.p, l.flow
       local Q = p.Q
@@ -975,7 +968,7 @@ do
     if tick then
       redis.call('ZREMRANGEBYSCORE', tt, '-inf', '(' .. exact(f.value))
       redis.call('EXPIRE', tt, X.C.state_ttl)
-      if F.full then E.keep_wide(tt) end
+      if F.full ~= E.NONE then E.keep_wide(tt) end
     end
     local plist = F.plist
     for i = 1, #plist do
@@ -991,7 +984,7 @@ do
       call_chunked('ZADD', queue_key(B, 'ready_tenants'), args, 'XX')
       if tick then
         redis.call('EXPIRE', queue_key(B, 'ready_tenants'), X.C.state_ttl)
-        if F.full and F.full[B] then E.keep_wide(queue_key(B, 'ready_tenants')) end
+        if F.full[B] then E.keep_wide(queue_key(B, 'ready_tenants')) end
       end
     end
   end
