@@ -91,20 +91,30 @@ local function tenant_floor(X, V)
 end
 
 -- A tenant's weight: its own (V:tw), else, for a key serving as its own tenant, the
--- key's weight in this queue (B:ckweights), else 1.
-local function tenant_weights(X, Q, tenants, simple_keys)
-  local out = {}
-  if Q.tenants_weighted and #tenants > 0 then
-    local raw = call_list('HMGET', env_key(Q.V, 'tenant_weights'), tenants)
-    for i, t in ipairs(tenants) do out[t] = tonumber(raw[i]) end
-  end
-  if #simple_keys > 0 and Q.weighted then
-    local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), simple_keys)
-    for i, k in ipairs(simple_keys) do
-      if out[k] == nil then out[k] = tonumber(raw[i]) end
+-- key's weight in this queue (B:ckweights), else 1 (nil in the map it returns, which is
+-- read only: one shared empty map when there is nothing to read, most calls).
+local tenant_weights
+do
+  -- (a local of this block only: a library's main chunk may hold at most 200 locals)
+  local none = {}
+
+  function tenant_weights(X, Q, tenants, simple_keys)
+    local by_tenant = Q.tenants_weighted and #tenants > 0
+    local by_key = Q.weighted and #simple_keys > 0
+    if not (by_tenant or by_key) then return none end
+    local out = {}
+    if by_tenant then
+      local raw = call_list('HMGET', env_key(Q.V, 'tenant_weights'), tenants)
+      for i, t in ipairs(tenants) do out[t] = tonumber(raw[i]) end
     end
+    if by_key then
+      local raw = call_list('HMGET', queue_key(Q.B, 'key_weights'), simple_keys)
+      for i, k in ipairs(simple_keys) do
+        if out[k] == nil then out[k] = tonumber(raw[i]) end
+      end
+    end
+    return out
   end
-  return out
 end
 
 -- A key's weight inside its tenant (looked up by its key: each tenant's key K has K's
@@ -397,17 +407,12 @@ do
   -- script has not read its config. The scripts that free slots never park, so the list
   -- holds for the whole call.)
   local function parked_levels(X, Q)
-    X.parked_levels = X.parked_levels or {}
-    local views = X.parked_levels[Q.B]
-    if views == nil then
-      if Q.order == nil then charges_duration(X, Q) end
-      views = {}
-      local levels = queue_levels(Q)
-      for i = 1, #levels do
-        local view = level_view(Q, levels[i])
-        if has_park(X, view) then views[#views + 1] = view end
-      end
-      X.parked_levels[Q.B] = views
+    if Q.order == nil then charges_duration(X, Q) end
+    local views = {}
+    local levels = queue_levels(Q)
+    for i = 1, #levels do
+      local view = level_view(Q, levels[i])
+      if has_park(X, view) then views[#views + 1] = view end
     end
     return views
   end
@@ -415,8 +420,12 @@ do
   -- A slot was freed: what its cap held back, at any level, may compete again.
   HOOK.slot_freed = function(X, Q, flow, ta)
     local base = Q.base or Q
-    local known = X.parked_levels
-    local views = known and known[base.B] or parked_levels(X, base)
+    X.parked_levels = X.parked_levels or {}
+    local views = X.parked_levels[base.B]
+    if views == nil then
+      views = parked_levels(X, base)
+      X.parked_levels[base.B] = views
+    end
     for i = 1, #views do slot_freed_at(X, views[i], flow, ta) end
   end
 end

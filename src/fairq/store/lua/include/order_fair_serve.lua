@@ -322,8 +322,7 @@ do
         floor_load(X, V, auth[n + 1])
         names[n + 1] = nil
       end
-      local Q1 = F.queues[1]
-      local weights = Q1.tenants_weighted and tenant_weights(X, Q1, names, E.NONE) or E.NONE
+      local weights = tenant_weights(X, F.queues[1], names, E.NONE)
       for i = 1, n do
         local T = names[i]
         ten[T] = {tag = tonumber(auth[i]), weight = weights[T], touched = false}
@@ -518,12 +517,12 @@ do
   -- tags at least the key floor, weights, heads discovered. With `dedupe`, keys it lists
   -- already are passed over.
   function E.list_keys(p, entries, dedupe)
-    local Q, keys, disc = p.Q, p.keys, p.disc
+    local Q, disc = p.Q, p.disc
     local floor = p.kf.value
     local listed = nil
     if dedupe then
       listed = {}
-      for _, k in ipairs(keys) do listed[k.flow] = true end
+      for _, k in ipairs(p.keys) do listed[k.flow] = true end
     end
     if p.kmoved then E.key_settle(p) end
     local added = Q.weighted and {} -- the new keys, for their weights
@@ -534,13 +533,7 @@ do
         if tag < floor then tag = floor end
         local k = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge,
           active = true, weight = 1}
-        local n = #keys
-        -- (key_insert's first case written out: keys come in tag order, as reads give them)
-        if n < p.kat or not E.key_better(k, keys[n]) then
-          keys[n + 1] = k
-        else
-          E.key_insert(p, k)
-        end
+        E.key_insert(p, k)
         if added then added[#added + 1] = k end
       end
     end
