@@ -63,22 +63,55 @@ async def ready_tenants(rq: RunQueue, env: Environment, queue: str) -> dict[str,
     return {s(m): float(sc) for m, sc in raw}
 
 
-async def tenant_keys(rq: RunQueue, env: Environment, queue: str, tenant: str) -> dict[str, float]:
-    """The keys of a named tenant in a queue (B:t:N:keys) -> their tag inside the tenant,
-    by key (its flow ``N/K`` shown as ``K``, its keyless flow ``N/`` as ''; an unnamed
-    key serving as the tenant keeps its name)."""
+def tenant_key_state(
+    tenant: str, key_set: list[tuple[Any, float]], solo: Any
+) -> tuple[dict[str, float], float | None]:
+    """A named tenant's keys in a queue (flow -> tag inside the tenant) and its key floor,
+    from its key set (``ZRANGE ... WITHSCORES``) and its ``B:tsolo`` entry (``HGET``):
+    the order keeps a tenant with one key in play in the entry, the others in the set,
+    never both (asserted)."""
+    keys = {s(m): float(sc) for m, sc in key_set}
+    floor = keys.pop(K.KEY_FLOOR_MEMBER, None)
+    if solo is None:
+        return keys, floor
+    assert not key_set, f"tenant {tenant!r} has both a key set {keys} and a solo entry"
+    floor_text, tag_text, flow = s(solo).split(" ", 2)
+    return {flow: float(tag_text)}, float(floor_text)
+
+
+async def _tenant_key_state(
+    rq: RunQueue, env: Environment, queue: str, tenant: str
+) -> tuple[dict[str, float], float | None]:
     q = rq.keys.queue(env, queue)
-    raw = await rq.client.zrange(q.tenant_keys(K.encode_tenant(tenant)), 0, -1, withscores=True)
-    return {K.split_flow(s(m))[1]: float(sc) for m, sc in raw if s(m) != K.KEY_FLOOR_MEMBER}
+    encoded = K.encode_tenant(tenant)
+    key_set = await rq.client.zrange(q.tenant_keys(encoded), 0, -1, withscores=True)
+    solo = await rq.client.hget(q.solo_keys, encoded)  # type: ignore[misc]
+    return tenant_key_state(tenant, key_set, solo)
+
+
+async def tenant_keys(rq: RunQueue, env: Environment, queue: str, tenant: str) -> dict[str, float]:
+    """The keys of a named tenant in a queue (its key set, or its one key in B:tsolo) ->
+    their tag inside the tenant, by key (its flow ``N/K`` shown as ``K``, its keyless flow
+    ``N/`` as ''; an unnamed key serving as the tenant keeps its name)."""
+    keys, _ = await _tenant_key_state(rq, env, queue, tenant)
+    return {K.split_flow(m)[1]: tag for m, tag in keys.items()}
 
 
 async def set_tenant_keys(
     rq: RunQueue, env: Environment, queue: str, tenant: str, tags: dict[str, float]
 ) -> None:
     """Write tags into a named tenant's key set, by key (``K.KEY_FLOOR_MEMBER`` for its
-    floor; ``K.FLOOR_MEMBER`` for a floor under the name sets had before)."""
+    floor; ``K.FLOOR_MEMBER`` for a floor under the name sets had before). A tenant kept
+    in B:tsolo moves into its key set first (as a second key joining moves it)."""
     q = rq.keys.queue(env, queue)
     encoded = K.encode_tenant(tenant)
+    solo = await rq.client.hget(q.solo_keys, encoded)  # type: ignore[misc]
+    if solo is not None:
+        floor_text, tag_text, flow = s(solo).split(" ", 2)
+        await rq.client.zadd(
+            q.tenant_keys(encoded), {K.KEY_FLOOR_MEMBER: float(floor_text), flow: float(tag_text)}
+        )
+        await rq.client.hdel(q.solo_keys, encoded)  # type: ignore[misc]
     members = {
         m
         if m in (K.KEY_FLOOR_MEMBER, K.FLOOR_MEMBER)
@@ -89,10 +122,10 @@ async def set_tenant_keys(
 
 
 async def key_floor(rq: RunQueue, env: Environment, queue: str, tenant: str) -> float | None:
-    """A named tenant's key virtual time in a queue (the ``!floor`` member of its key set)."""
-    q = rq.keys.queue(env, queue)
-    raw = await rq.client.zscore(q.tenant_keys(K.encode_tenant(tenant)), K.KEY_FLOOR_MEMBER)
-    return None if raw is None else float(raw)
+    """A named tenant's key virtual time in a queue (the ``!floor`` member of its key set,
+    or the floor of its B:tsolo entry)."""
+    _, floor = await _tenant_key_state(rq, env, queue, tenant)
+    return floor
 
 
 async def parked(rq: RunQueue, env: Environment, queue: str) -> dict[str, str]:
@@ -118,7 +151,7 @@ async def fair_keys(rq: RunQueue) -> list[str]:
     """Every fair-order key of this prefix (none may exist with the age order only)."""
     suffixes = (
         f":{K.ENV_KEYS['tenant_tags']}", f":{K.ENV_KEYS['tenant_weights']}",
-        f":{K.QUEUE_KEYS['ready_tenants']}",
+        f":{K.QUEUE_KEYS['ready_tenants']}", f":{K.QUEUE_KEYS['solo_keys']}",
         f":{K.QUEUE_KEYS['parked']}", f":{K.QUEUE_KEYS['parked_due']}",
         f":{K.SHARD_KEYS['env_tags']}", f":{K.TENANT_KEYS['keys']}",
     )  # fmt: skip

@@ -90,6 +90,10 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   ckweights    HASH  K -> weight inside its tenant (fair order; sparse, default 1)
   tq           ZSET  tenant -> copy of its virtual tag, for tenants with servable flows
                      here (fair order)
+  tsolo        HASH  named tenant -> ``floor tag flow`` while it has one key in play here
+                     (and had no second since): the key, its virtual tag inside the
+                     tenant and the tenant's key virtual time (fair order; such a tenant
+                     has no key set)
   park         HASH  ``t:N`` / ``k:K`` -> tag of a tenant or key taken out of the fair
                      order while gated (at a cap, rate-limited, or only future runs)
   parkdue      ZSET  the same members -> when a time-gated one may return (ms)
@@ -102,7 +106,7 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
 Per variant (``B:ck:F:<name>``; ``F`` a flow: ``K``, or a named tenant's ``N/K`` or ``N/``)
   queued       ZSET  the variant's runs: run id -> score (ms)
   inflight     SET   the variant's runs holding a slot
-Per tenant of a queue (``B:t:N:<name>``; only for tenants that own several keys here)
+Per tenant of a queue (``B:t:N:<name>``; only for named tenants not kept in ``tsolo``)
   keys         ZSET  K -> the key's virtual tag inside the tenant; member ``!floor``: the
                      tenant's key virtual time in this queue
 Global (never touched by a script)
@@ -256,6 +260,7 @@ QUEUE_KEYS: Final = {
     "buckets": "buckets",
     "key_weights": "ckweights",
     "ready_tenants": "tq",
+    "solo_keys": "tsolo",
     "parked": "park",
     "parked_due": "parkdue",
     "recent": "recent",
@@ -268,13 +273,15 @@ TENANT_KEYS: Final = {"keys": "keys"}
 #: The per-queue keys each priority level has its own of (under ``level_name(B, L)``).
 #: (QueueKeys.at_level keeps the others; a level's ``base`` names its variants' queued
 #: sets and tenants' key sets, never a slot set.)
-LEVEL_QUEUE_KEYS: Final = ("queued", "ck_index", "ready_tenants", "parked", "parked_due")
+LEVEL_QUEUE_KEYS: Final = (
+    "queued", "ck_index", "ready_tenants", "solo_keys", "parked", "parked_due",
+)  # fmt: skip
 #: Keys only the fair order uses: the age-order build of a script is generated without
 #: them (so it can neither read nor write one), and their names never appear in it.
 FAIR_ORDER_KEYS: Final = frozenset(
     {
-        "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants", "parked",
-        "parked_due", "key_weights", "newcomers",
+        "env_tags", "env_weights", "tenant_tags", "tenant_weights", "ready_tenants",
+        "solo_keys", "parked", "parked_due", "key_weights", "newcomers",
     }
 )  # fmt: skip
 #: Name parts between the tag and the identifiers.
@@ -442,6 +449,7 @@ class QueueKeys:
     buckets: str
     key_weights: str
     ready_tenants: str
+    solo_keys: str
     parked: str
     parked_due: str
     recent: str

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from tests.sfq_model import SfqModel, flow_of
-from tests.state import s
+from tests.state import s, tenant_key_state
 
 from fairq import keys as K
 from fairq.keys import Environment
@@ -47,6 +47,7 @@ async def level_state(rq: RunQueue, env: Environment, level: int, pool: int) -> 
             pipe.hgetall(q.parked)
             for t in TENANTS:
                 pipe.zrange(q.tenant_keys(K.encode_tenant(t)), 0, -1, withscores=True)
+                pipe.hget(q.solo_keys, K.encode_tenant(t))
 
     replies = iter(await rq.pipeline(build))
     tt = {s(m): float(v) for m, v in next(replies)}
@@ -55,8 +56,7 @@ async def level_state(rq: RunQueue, env: Environment, level: int, pool: int) -> 
         out[f"{name}.tq"] = {s(m): float(v) for m, v in next(replies)}
         out[f"{name}.park"] = {s(k): s(v) for k, v in next(replies).items()}
         for t in TENANTS:
-            keys = {s(m): float(v) for m, v in next(replies)}
-            keys.pop(K.KEY_FLOOR_MEMBER, None)
+            keys, _ = tenant_key_state(t, next(replies), next(replies))
             if keys:
                 out[f"{name}.keys.{t}"] = keys
     return out

@@ -29,14 +29,17 @@ from tests.integration.test_vtime_fairness import (
 )
 from tests.state import (
     delete_tenant_floor,
+    key_floor,
     ready_tenants,
+    s,
     tenant_floor,
     tenant_keys,
     tenant_tags,
 )
 
+from fairq import keys as K
 from fairq.keys import Environment
-from fairq.models import EnqueueRequest
+from fairq.models import CancelOutcome, EnqueueRequest
 from fairq.store import RunQueue
 
 QUEUE = "jobs"
@@ -491,3 +494,81 @@ async def test_cold_start_discovery_registers_named_tenants_by_the_join_rules(
     keys_b = await tenant_keys(rq, env, QUEUE, "B")
     assert set(keys_b) == {f"b{i}" for i in range(9)}
     assert sorted(keys_b.values()) == [0.0] * 4 + [1.0] * 5  # 5 served once, from 0
+
+
+async def _tenant_layout(rq: RunQueue, env: Environment, tenant: str) -> tuple[str | None, bool]:
+    """A named tenant's raw entry in the queue's one-key hash (B:tsolo), and whether it
+    has a key set."""
+    q = rq.keys.queue(env, QUEUE)
+    encoded = K.encode_tenant(tenant)
+    solo = await rq.client.hget(q.solo_keys, encoded)  # type: ignore[misc]
+    has_set = await rq.client.exists(q.tenant_keys(encoded)) == 1
+    return (None if solo is None else s(solo)), has_set
+
+
+async def test_a_tenant_with_one_key_is_kept_in_one_hash_until_a_second_key_joins(
+    make_queue: Any, env: Environment
+) -> None:
+    """Tenant A's keys in the queue, through one key, two, none and one again: while it
+    has one key in play, that key's tag and A's key floor are its entry in the queue's
+    one-key hash and A has no key set; a second key moves them into a key set (the new
+    key at the key floor, served first); when its keys drain, the set keeps the floor,
+    and the next lone key goes back to the hash at that floor. A cancel that drains the
+    lone key takes A out of the candidates and leaves the floor."""
+    rq = await fair(make_queue)
+    for i in range(4):
+        await rq.enqueue(env, QUEUE, f"a{i}", None, concurrency_key="a", tenant="A",
+                         available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
+    assert await _tenant_layout(rq, env, "A") == ("0 0 A/a", False)
+    batch = await rq.dequeue(3, env=env, queues=[QUEUE], now_ms=NOW)
+    await rq.ack(batch, now_ms=NOW)
+    assert [d.run_id for d in batch] == ["a0", "a1", "a2"]
+    # the key's tag 3 (three quanta), the key floor 2 (the start tag of the last run)
+    assert await _tenant_layout(rq, env, "A") == ("2 3 A/a", False)
+    assert await tenant_keys(rq, env, QUEUE, "A") == {"a": 3.0}
+    for i in range(2):
+        await rq.enqueue(env, QUEUE, f"b{i}", None, concurrency_key="b", tenant="A",
+                         available_at_ms=T0 + 10 + i, now_ms=T0)  # fmt: skip
+    assert await _tenant_layout(rq, env, "A") == (None, True)
+    assert await tenant_keys(rq, env, QUEUE, "A") == {"a": 3.0, "b": 2.0}
+    assert await key_floor(rq, env, QUEUE, "A") == 2.0
+    order = []
+    for _ in range(3):
+        batch = await rq.dequeue(1, env=env, queues=[QUEUE], now_ms=NOW)
+        await rq.ack(batch, now_ms=NOW)
+        order += [d.run_id for d in batch]
+    assert order == ["b0", "a3", "b1"]  # b from the floor (2), then a and b at 3
+    assert await _tenant_layout(rq, env, "A") == (None, True)
+    assert await tenant_keys(rq, env, QUEUE, "A") == {}
+    assert await key_floor(rq, env, QUEUE, "A") == 3.0
+    assert "A" not in await ready_tenants(rq, env, QUEUE)
+    await rq.enqueue(env, QUEUE, "c0", None, concurrency_key="c", tenant="A",
+                     available_at_ms=T0 + 20, now_ms=T0)  # fmt: skip
+    assert await _tenant_layout(rq, env, "A") == ("3 3 A/c", False)
+    assert "A" in await ready_tenants(rq, env, QUEUE)
+    assert await rq.cancel(env, "c0", now_ms=NOW) is CancelOutcome.CANCELLED
+    assert await _tenant_layout(rq, env, "A") == (None, True)
+    assert await key_floor(rq, env, QUEUE, "A") == 3.0
+    assert "A" not in await ready_tenants(rq, env, QUEUE)
+
+
+async def test_a_key_found_beside_a_lone_key_moves_its_tenant_into_a_key_set(
+    make_queue: Any, env: Environment
+) -> None:
+    """Tenant A has one key registered (its entry in the one-key hash) when a dequeue
+    finds a second key of A that an age-order process enqueued (nothing registered it):
+    the call moves A into a key set, registers the new key at A's key floor (0) and
+    serves both by the key order inside A (equal tags: the older head first)."""
+    rq = await fair(make_queue)
+    for i in range(5):
+        await rq.enqueue(env, QUEUE, f"a{i}", None, concurrency_key="a", tenant="A",
+                         available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
+    age: RunQueue = await make_queue()
+    await age.enqueue(env, QUEUE, "b0", None, concurrency_key="b", tenant="A",
+                      available_at_ms=T0 + 50, now_ms=T0)  # fmt: skip
+    assert await _tenant_layout(rq, env, "A") == ("0 0 A/a", False)
+    batch = await rq.dequeue(3, env=env, queues=[QUEUE], now_ms=NOW)
+    assert [d.run_id for d in batch] == ["a0", "b0", "a1"]
+    assert await _tenant_layout(rq, env, "A") == (None, True)
+    assert await tenant_keys(rq, env, QUEUE, "A") == {"a": 2.0}  # b drained
+    assert await key_floor(rq, env, QUEUE, "A") == 1.0  # a1 began at 1

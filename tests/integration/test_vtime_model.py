@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from tests.sfq_model import CAP_RECHECK_MS, KEYLESS, QueueModel, SfqModel, flow_of, flow_tenant
-from tests.state import delete_tenant_floor, s
+from tests.state import delete_tenant_floor, s, tenant_key_state
 
 from fairq import keys as K
 from fairq.keys import Environment
@@ -80,6 +80,7 @@ async def read_state(
             pipe.hgetall(q.buckets)
             for t in TENANTS:
                 pipe.zrange(q.tenant_keys(K.encode_tenant(t)), 0, -1, withscores=True)
+                pipe.hget(q.solo_keys, K.encode_tenant(t))
 
     replies = iter(await rq.pipeline(build))
     tt = {s(m): float(v) for m, v in next(replies)}
@@ -91,9 +92,9 @@ async def read_state(
         out[f"{name}.buckets"] = {s(k): s(v) for k, v in next(replies).items()}
         floors = out[f"{name}.kfloor"] = {}
         for t in TENANTS:
-            keys = {s(m): float(v) for m, v in next(replies)}
-            if K.KEY_FLOOR_MEMBER in keys:  # a tenant's key floor is a member of its key set
-                floors[t] = keys.pop(K.KEY_FLOOR_MEMBER)
+            keys, floor = tenant_key_state(t, next(replies), next(replies))
+            if floor is not None:
+                floors[t] = floor
             if keys:
                 out[f"{name}.keys.{t}"] = keys
     return out

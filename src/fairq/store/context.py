@@ -247,6 +247,7 @@ STATE_FIELDS: Final[dict[str, tuple[bool, str]]] = {
     "tfloor": (False, "V -> the tenant floor read in this call {value, start, stored}"),
     "kfloor": (False, "key set name -> a key floor read in this call {value, dirty}"),
     "kadded": (False, "B|tenant -> true: keys joined that tenant's set in this call"),
+    "solo_live": (False, "B|tenant -> a serve's record of the tenant's one key {kf, key, moved}"),
     "hpark": (False, "parked-due key -> whether it may hold members (probed once)"),
     "qconf": (False, "B -> a run's queue config read by a hook"),
     "qcharge": (False, "B -> {duration, parked}: how a run's queue charges"),

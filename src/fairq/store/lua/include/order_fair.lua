@@ -9,9 +9,16 @@
 --             are pruned as it advances.
 --   B:tq      tenants with servable flows in queue B -> copy of their tag (a copy is
 --             never above the tag in V:tt; a stale copy is corrected when read)
---   B:t:N:keys  only for a tenant that owns several flows in B: key -> tag inside it;
---             its member '!floor' (KEY_FLOOR_MEMBER; first among equal tags, so the
---             first entries read hold it) is the tenant's key virtual time in B
+--   B:tsolo   named tenant -> 'FLOOR TAG FLOW' while it has one key in play in B (and
+--             had no second since): that key's tag inside the tenant and the tenant's
+--             key virtual time in B, for all such tenants of B in one hash (a dequeue
+--             reads those it may serve with one HMGET and writes them back with one HSET)
+--   B:t:N:keys  the other named tenants of B: key -> tag inside it; its member
+--             '!floor' (KEY_FLOOR_MEMBER; first among equal tags, so the first entries
+--             read hold it) is the tenant's key virtual time in B. A tenant is in one
+--             of the two, never both (none: no keys, floor 0): a second key joining
+--             moves its B:tsolo entry into a key set, and its one key leaving leaves a
+--             key set holding only the floor (SOLO below)
 --   B:park / B:parkdue  tenants and keys taken out of B:tq / B:t:N:keys while gated by
 --             a cap (back when a slot frees) or by time (rate limit, future head: back
 --             when due), so gated work never fills the candidate window. The queue's
@@ -203,6 +210,74 @@ local function keys_added(X, Q, tenant)
   X.kadded[Q.OB .. '|' .. tenant] = true
 end
 
+-- A named tenant with one key in play in a queue: its entry in B:tsolo (see the header).
+-- (One table: a library's main chunk may hold at most 200 locals.)
+local SOLO = {}
+do
+  -- The floor, the key's tag and the key of an entry.
+  function SOLO.parse(raw)
+    local floor, tag, flow = string.match(raw, '^(%S+) (%S+) (.+)$')
+    return tonumber(floor), tonumber(tag), flow
+  end
+
+  -- An entry (numbers exactly as a ZADD argument writes them: both layouts keep equal tags).
+  function SOLO.value(floor, tag, flow)
+    return string.format('%.17g %.17g %s', floor, tag, flow)
+  end
+
+  function SOLO.read(Q, tenant)
+    return redis.call('HGET', queue_key(Q.OB, 'solo_keys'), tenant)
+  end
+
+  function SOLO.write(X, Q, tenant, floor, tag, flow)
+    local key = queue_key(Q.OB, 'solo_keys')
+    redis.call('HSET', key, tenant, SOLO.value(floor, tag, flow))
+    redis.call('EXPIRE', key, X.C.state_ttl)
+  end
+
+  -- The record a dequeue serving the tenant keeps of its entry (the key and the floor as
+  -- the serve moved them: {flow, tag, value = the floor, moved ...}), or nil.
+  function SOLO.live(X, Q, tenant)
+    local of = X.solo_live and X.solo_live[Q.OB]
+    local live = of and of[tenant]
+    if live and not live.moved then return live end
+    return nil
+  end
+
+  -- The tenant's entry (`raw`; nil: the serve's record of it) becomes its key set: the
+  -- floor, and its key unless `keep_key` is false (the key left). Returns that key.
+  function SOLO.to_set(X, Q, tenant, raw, keep_key)
+    local floor, tag, flow
+    local live = SOLO.live(X, Q, tenant)
+    if live then
+      floor, tag, flow = live.value, live.tag, live.flow
+      live.moved = true
+      live.dirty = false
+    else
+      floor, tag, flow = SOLO.parse(raw)
+    end
+    local kk = tenant_key(Q.OB, tenant, 'keys')
+    if keep_key then
+      redis.call('ZADD', kk, floor, KEY_FLOOR_MEMBER, tag, flow)
+    else
+      redis.call('ZADD', kk, floor, KEY_FLOOR_MEMBER)
+    end
+    redis.call('EXPIRE', kk, X.C.state_ttl)
+    redis.call('HDEL', queue_key(Q.OB, 'solo_keys'), tenant)
+    X.kfloor = X.kfloor or {}
+    X.kfloor[kk] = live or {value = floor, dirty = false}
+    return flow
+  end
+
+  -- The tag of `flow` when it is the tenant's one key (`raw` its entry), else nil.
+  function SOLO.tag_of(X, Q, tenant, raw, flow)
+    local live = SOLO.live(X, Q, tenant)
+    if live then return live.flow == flow and live.tag or nil end
+    local _, tag, key = SOLO.parse(raw)
+    return key == flow and tag or nil
+  end
+end
+
 -- Whether a key set holds any key (beside its floor member, under either name).
 local function keys_left(keys_key)
   local m = redis.call('ZRANGE', keys_key, 0, 2)
@@ -243,9 +318,18 @@ end
 -- it is parked).
 local function register_key(X, Q, tenant, flow)
   local kk = tenant_key(Q.OB, tenant, 'keys')
+  local solo = SOLO.read(Q, tenant)
+  if solo then
+    local tag = SOLO.tag_of(X, Q, tenant, solo, flow)
+    if tag ~= nil then return tag end
+    if is_parked(X, Q, 'k:' .. flow) then return nil end
+    SOLO.to_set(X, Q, tenant, solo, true) -- a second key: the tenant needs its key set
+  end
   local got = redis.call('ZMSCORE', kk, flow, KEY_FLOOR_MEMBER, tenant)
   if got[1] then return tonumber(got[1]) end
-  if is_parked(X, Q, 'k:' .. flow) then return nil end
+  if not solo and is_parked(X, Q, 'k:' .. flow) then return nil end
+  -- (a set this call read already, a serve's, stays a set: the serve writes it back)
+  local loaded = X.kfloor ~= nil and X.kfloor[kk] ~= nil
   local kf = key_floor(X, kk, got[2])
   local args = {}
   ck_index_flush(X)
@@ -253,6 +337,13 @@ local function register_key(X, Q, tenant, flow)
       and redis.call('ZSCORE', queue_key(Q.OB, 'ck_index'), tenant) then
     -- a key named as the tenant serves as its own tenant here: it joins the key set
     args = {kf.value, tenant}
+  elseif not (solo or loaded) and not keys_left(kk) then
+    -- the tenant's one key in play: an entry of B:tsolo, at the floor (its set goes)
+    SOLO.write(X, Q, tenant, kf.value, kf.value, flow)
+    redis.call('DEL', kk)
+    X.kfloor[kk] = nil
+    keys_added(X, Q, tenant)
+    return kf.value
   end
   local tag = key_join(X, Q, tenant, kk)
   args[#args + 1] = tag
@@ -281,6 +372,8 @@ local function unpark(X, Q, member, value)
     local tenant = default_tenant(Q.name, name)
     if named then
       local kk = tenant_key(Q.OB, tenant, 'keys')
+      local solo = SOLO.read(Q, tenant)
+      if solo then SOLO.to_set(X, Q, tenant, solo, true) end
       redis.call('ZADD', kk, 'NX', tag, name)
       redis.call('EXPIRE', kk, X.C.state_ttl)
       keys_added(X, Q, tenant)
@@ -330,12 +423,21 @@ HOOK.flow_drained = function(X, Q, flow)
     return
   end
   local kk = tenant_key(Q.OB, tenant, 'keys')
-  redis.call('ZREM', kk, flow)
+  local solo = SOLO.read(Q, tenant)
+  local emptied
+  if solo then
+    -- its one key drained: a key set of its floor only (another key was not in play)
+    emptied = SOLO.tag_of(X, Q, tenant, solo, flow) ~= nil
+    if emptied then SOLO.to_set(X, Q, tenant, solo, false) end
+  else
+    redis.call('ZREM', kk, flow)
+    emptied = not keys_left(kk)
+  end
   if has_park(X, Q) then
     redis.call('HDEL', queue_key(Q.OB, 'parked'), 'k:' .. flow)
     redis.call('ZREM', queue_key(Q.OB, 'parked_due'), 'k:' .. flow)
   end
-  if not keys_left(kk) then redis.call('ZREM', queue_key(Q.OB, 'ready_tenants'), tenant) end
+  if emptied then redis.call('ZREM', queue_key(Q.OB, 'ready_tenants'), tenant) end
 end
 
 -- A slot of `flow` (counted under named tenant `ta`, '' = none) was freed: what its
@@ -389,6 +491,14 @@ HOOK.charge = function(X, Q, flow, ta, duration_ms)
     redis.call('ZADD', queue_key(Q.OB, 'ready_tenants'), 'XX', tag, tenant)
   end
   if flow_tenant(flow) then
+    local solo = SOLO.read(Q, tenant)
+    if solo then
+      local floor, ktag, key = SOLO.parse(solo)
+      if key == flow then
+        SOLO.write(X, Q, tenant, floor, ktag + delta / key_weight(X, Q, flow), flow)
+      end
+      return
+    end
     local kk = tenant_key(Q.OB, tenant, 'keys')
     local ktag = tonumber(redis.call('ZSCORE', kk, flow))
     if ktag ~= nil then

@@ -59,12 +59,6 @@ do
     E.park(X, Q, 't:' .. tenant, tag, due)
   end
 
-  -- (The caller takes the tenant out of B:tq when this left its key set without keys.)
-  function E.park_key(X, Q, tenant, flow, tag, due)
-    redis.call('ZREM', tenant_key(Q.OB, tenant, 'keys'), flow)
-    E.park(X, Q, 'k:' .. flow, tag, due)
-  end
-
   -- How many of the earliest parked members one read looks at (due ones go back; the
   -- first time gate still closed gives the wait; cap parks, due only for their re-check,
   -- are passed over).
@@ -185,7 +179,7 @@ do
       -- every field a simple pair will use, so its table is sized once (copy: the B:tq
       -- copy of its tag it came with)
       p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
-        simple = false, flow = false, copy = copy}
+        simple = false, flow = false, copy = copy, sread = false, solo = false, sk = false}
       of_queue[T] = p
       F.plist[#F.plist + 1] = p
     end
@@ -218,7 +212,10 @@ do
 
   -- Whether every key of a pair's (fully loaded) key set left it in this call.
   function E.pair_emptied(X, p)
-    if not p.complete or (X.kadded and X.kadded[p.Q.OB .. '|' .. p.T]) then return false end
+    if not (p.complete or p.sk) or (X.kadded and X.kadded[p.Q.OB .. '|' .. p.T]) then
+      return false
+    end
+    if p.sk then return p.sk.gone end
     for _, k in ipairs(p.keys) do
       if not k.gone then return false end
     end
@@ -442,9 +439,27 @@ do
   function E.load_keys(F, p)
     local X, Q = F.X, p.Q
     if not Q.named then return E.simple_pair(p) end
+    -- a tenant kept in B:tsolo (one key in play): read first where discovery found at
+    -- most one of its flows; where it found several, its key set is read first (most
+    -- such tenants have one), and B:tsolo only when there is none
+    if not p.sread and E.one_flow(p) then E.read_solo(F, p) end
+    if p.solo then
+      if E.load_solo(F, p) then return end
+      -- discovery found a flow its entry does not name (it joins): a key set from now on
+      SOLO.to_set(X, Q, p.T, p.solo, true)
+      p.solo = false
+    end
     local kk = tenant_key(Q.OB, p.T, 'keys')
     p.kk = kk -- the key set's name, for the reads and writes after this one
     local entries = redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
+    if #entries == 0 and not p.sread then
+      E.read_solo(F, p)
+      if p.solo then
+        SOLO.to_set(X, Q, p.T, p.solo, true)
+        p.solo = false
+        entries = redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
+      end
+    end
     local n = #entries
     if n == 0 then return E.simple_pair(p) end
     p.complete = n < 2 * KEYS_LOADED
@@ -483,6 +498,79 @@ do
     E.append(F, 'loaded', p)
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
     if #p.keys == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
+  end
+
+  -- The B:tsolo entries (p.solo; false: none, its keys are in its key set, if any) of
+  -- pair p, about to load its keys, and of the next pairs of its queue not read yet, as
+  -- many as the call may still serve: one read for the pairs most calls serve.
+  function E.read_solo(F, p)
+    local Q = p.Q
+    local of, names, n = {p}, {p.T}, 1
+    local room, plist = F.budget - F.served, F.plist
+    for i = 1, #plist do
+      if n >= room then break end
+      local o = plist[i]
+      if not o.sread and o.Q == Q and o ~= p and E.one_flow(o) then
+        n = n + 1
+        of[n], names[n] = o, o.T
+      end
+    end
+    local raw = call_list('HMGET', queue_key(Q.OB, 'solo_keys'), names)
+    for j = 1, n do
+      local o = of[j]
+      o.sread, o.solo = true, raw[j]
+    end
+  end
+
+  -- Whether discovery found at most one flow of pair p.
+  function E.one_flow(p)
+    local disc = p.disc
+    return disc == nil or next(disc, (next(disc))) == nil
+  end
+
+  -- Pair p's tenant has one key in play (p.solo, its B:tsolo entry): the pair's one key
+  -- is p.sk, a key record that is also the tenant's key floor record (p.kf: its `value`)
+  -- and the serve's record of the entry in X.solo_live (a script that moves the entry
+  -- into a key set in this call takes them from there, and sets its `moved`); no key
+  -- list, no key order. False (nothing loaded) when discovery found a flow the entry
+  -- does not name.
+  function E.load_solo(F, p)
+    local floor, tag, flow = SOLO.parse(p.solo)
+    local disc = p.disc
+    if disc and (next(disc) ~= flow or next(disc, flow) ~= nil) then return false end
+    if tag < floor then tag = floor end
+    local Q = p.Q
+    local k = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge, active = true,
+      weight = 1, touched = false, gone = false, value = floor, dirty = false, moved = false}
+    if Q.weighted then
+      k.weight = tonumber(redis.call('HGET', queue_key(Q.B, 'key_weights'), flow_key(flow))) or 1
+    end
+    -- (only these two fields: a pair's table holds 16 without growing)
+    p.sk, p.kf = k, k
+    local X = F.X
+    local live = X.solo_live
+    if live == nil then
+      live = {}
+      X.solo_live = live
+    end
+    local of = live[Q.OB]
+    if of == nil then
+      of = {}
+      live[Q.OB] = of
+    end
+    of[p.T] = k
+    E.append(F, 'loaded', p)
+    return true
+  end
+
+  -- The name of pair p's key set (a pair loaded from B:tsolo names it only when needed).
+  function E.key_set(p)
+    local kk = p.kk
+    if kk == nil then
+      kk = tenant_key(p.Q.OB, p.T, 'keys')
+      p.kk = kk
+    end
+    return kk
   end
 
   -- Pair p is simple: its one flow is the one whose default tenant it is (a key serving as
@@ -745,12 +833,14 @@ do
   function E.key_leaves(F, p, kc, park_why, due)
     kc.active = false
     kc.gone = true
-    if park_why then
-      E.park_key(F.X, p.Q, p.T, kc.flow, kc.tag, due)
+    local X, Q = F.X, p.Q
+    if kc == p.sk and not kc.moved then
+      SOLO.to_set(X, Q, p.T, nil, false) -- its one key: a key set of its floor is left
     else
-      redis.call('ZREM', p.kk, kc.flow)
+      redis.call('ZREM', E.key_set(p), kc.flow)
     end
-    if E.pair_emptied(F.X, p) then E.drop_pair(p) end
+    if park_why then E.park(X, Q, 'k:' .. kc.flow, kc.tag, due) end
+    if E.pair_emptied(X, p) then E.drop_pair(p) end
   end
 
   -- The flow of pair p (key kc) may not start now (`why`, and when a rate allows it
@@ -818,7 +908,10 @@ do
       if sid then E.note(F, 'served_of', sid, (F.served_of[sid] or 0) + got) end
       E.advance(F, p, kc, got)
       -- its new head competes from now on
-      if kc ~= nil then
+      if kc == p.sk then
+        kc.tie = head or math.huge
+        p.tie = kc.tie
+      elseif kc ~= nil then
         kc.tie = head or math.huge
         p.tie = E.keys_tie(p, kc) -- over its keys in play, this one included
       else
@@ -843,19 +936,24 @@ do
   -- One pick: the best pair's best flow, served (or held back) under the gates.
   function E.serve_pick(F, p, second)
     local Q = p.Q
-    if not p.simple and p.keys == nil then E.load_keys(F, p) end
+    if not p.simple and p.keys == nil and not p.sk then E.load_keys(F, p) end
     local flow, kc, kc2, named
     if p.simple then
       flow, named = p.flow, false -- (a simple flow names no tenant)
     else
-      kc, kc2 = E.best_key(F, p)
+      kc = p.sk -- (a tenant kept in B:tsolo: its one key, no key order to keep)
+      if not kc then
+        kc, kc2 = E.best_key(F, p)
+      elseif not kc.active then
+        kc = nil
+      end
       if kc == nil then
         -- nothing left in this pair in this call (drained, or every key held back)
         p.active = false
         return kc
       end
       flow = kc.flow
-      named = flow_tenant(flow) ~= nil
+      named = kc == p.sk or flow_tenant(flow) ~= nil
     end
     -- runs of this flow served in this call count against max_per_key (when set)
     local sid = Q.max_per_key and (Q.B .. '|' .. flow)
@@ -890,7 +988,7 @@ do
       -- the key just picked (keys[p.kat]): when it is still in play (its tag and tie
       -- moved), it goes to its new place before the pair's next pick (key_settle: most
       -- pairs are picked once per call); else the keys in play start after it
-      if kc ~= nil then
+      if kc ~= nil and kc ~= p.sk then
         if kc.active then p.kmoved = true else p.kat = p.kat + 1 end
       end
       -- still in play (another of its keys, or its next runs): back in with its new tag
@@ -982,33 +1080,52 @@ do
     end
   end
 
-  -- The key sets read in this call: the keys still in them (not drained or parked), and
-  -- their floors.
+  -- The keys of the tenants read in this call: one HSET a queue for the B:tsolo entries
+  -- (a tenant with one key in play), the key sets of the others.
   function E.write_key_tags(F, tick)
     local loaded = F.loaded
+    local solo = nil -- B -> its B:tsolo entries to write
     for i = 1, #loaded do
       local p = loaded[i]
-      local args, keys = {}, p.keys
-      for j = 1, #keys do
-        local k = keys[j]
-        if k.touched and not k.gone then
-          args[#args + 1] = k.tag
-          args[#args + 1] = k.flow
+      local sk = p.sk
+      if sk and not sk.moved then
+        if sk.touched then
+          solo = solo or {}
+          local args = solo[p.Q.OB] or {}
+          solo[p.Q.OB] = args
+          args[#args + 1] = p.T
+          args[#args + 1] = SOLO.value(sk.value, sk.tag, sk.flow)
+        end
+      else
+        -- a key set: its keys still in it (not drained or parked), and its floor
+        local args, keys = {}, sk and {sk} or p.keys
+        for j = 1, #keys do
+          local k = keys[j]
+          if k.touched and not k.gone then
+            args[#args + 1] = k.tag
+            args[#args + 1] = k.flow
+          end
+        end
+        local kf = p.kf
+        if kf.dirty then
+          args[#args + 1] = kf.value
+          args[#args + 1] = KEY_FLOOR_MEMBER
+          kf.dirty = false
+        end
+        if #args > 0 then
+          local kk = E.key_set(p)
+          call_chunked('ZADD', kk, args)
+          if tick then
+            redis.call('EXPIRE', kk, F.X.C.state_ttl)
+            if not (p.complete or sk) then E.keep_wide(kk) end
+          end
         end
       end
-      local kf = p.kf
-      if kf.dirty then
-        args[#args + 1] = kf.value
-        args[#args + 1] = KEY_FLOOR_MEMBER
-        kf.dirty = false
-      end
-      if #args > 0 then
-        call_chunked('ZADD', p.kk, args)
-        if tick then
-          redis.call('EXPIRE', p.kk, F.X.C.state_ttl)
-          if not p.complete then E.keep_wide(p.kk) end
-        end
-      end
+    end
+    if solo == nil then return end
+    for B, args in pairs(solo) do
+      call_chunked('HSET', queue_key(B, 'solo_keys'), args)
+      if tick then redis.call('EXPIRE', queue_key(B, 'solo_keys'), F.X.C.state_ttl) end
     end
   end
 
