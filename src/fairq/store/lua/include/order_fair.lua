@@ -233,6 +233,7 @@ do
     local key = queue_key(Q.OB, 'solo_keys')
     redis.call('HSET', key, tenant, SOLO.value(floor, tag, flow))
     redis.call('EXPIRE', key, X.C.state_ttl)
+    if X.solo_none then X.solo_none[Q.OB] = nil end -- (a serve's probe found none before)
   end
 
   -- The record a dequeue serving the tenant keeps of its entry (the key and the floor as

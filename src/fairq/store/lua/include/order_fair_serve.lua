@@ -505,6 +505,16 @@ do
   -- many as the call may still serve: one read for the pairs most calls serve.
   function E.read_solo(F, p)
     local Q = p.Q
+    -- a queue whose named tenants all have key sets (several keys each): one probe a call
+    -- instead of a read that finds none
+    local X = F.X
+    local none = X.solo_none and X.solo_none[Q.OB]
+    if none == nil then
+      none = redis.call('EXISTS', queue_key(Q.OB, 'solo_keys')) == 0
+      X.solo_none = X.solo_none or {}
+      X.solo_none[Q.OB] = none
+    end
+    if none then return end
     local of, names, n = {p}, {p.T}, 1
     local room, plist = F.budget - F.served, F.plist
     for i = 1, #plist do
