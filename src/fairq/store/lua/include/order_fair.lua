@@ -319,16 +319,16 @@ end
 -- it is parked).
 local function register_key(X, Q, tenant, flow)
   local kk = tenant_key(Q.OB, tenant, 'keys')
-  local solo = SOLO.read(Q, tenant)
+  local got = redis.call('ZMSCORE', kk, flow, KEY_FLOOR_MEMBER, tenant)
+  if got[1] then return tonumber(got[1]) end
+  -- no key set (no floor member): the tenant may be kept in B:tsolo
+  local solo = not got[2] and SOLO.read(Q, tenant)
   if solo then
     local tag = SOLO.tag_of(X, Q, tenant, solo, flow)
     if tag ~= nil then return tag end
-    if is_parked(X, Q, 'k:' .. flow) then return nil end
-    SOLO.to_set(X, Q, tenant, solo, true) -- a second key: the tenant needs its key set
   end
-  local got = redis.call('ZMSCORE', kk, flow, KEY_FLOOR_MEMBER, tenant)
-  if got[1] then return tonumber(got[1]) end
-  if not solo and is_parked(X, Q, 'k:' .. flow) then return nil end
+  if is_parked(X, Q, 'k:' .. flow) then return nil end
+  if solo then SOLO.to_set(X, Q, tenant, solo, true) end -- a second key: it needs a key set
   -- (a set this call read already, a serve's, stays a set: the serve writes it back)
   local loaded = X.kfloor ~= nil and X.kfloor[kk] ~= nil
   local kf = key_floor(X, kk, got[2])

@@ -442,24 +442,21 @@ do
     -- a tenant kept in B:tsolo (one key in play): read first where discovery found at
     -- most one of its flows; where it found several, its key set is read first (most
     -- such tenants have one), and B:tsolo only when there is none
-    if not p.sread and E.one_flow(p) then E.read_solo(F, p) end
-    if p.solo then
-      if E.load_solo(F, p) then return end
-      -- discovery found a flow its entry does not name (it joins): a key set from now on
-      SOLO.to_set(X, Q, p.T, p.solo, true)
-      p.solo = false
+    local entries = nil
+    if not (p.sread or E.one_flow(p)) then
+      entries = redis.call('ZRANGE', E.key_set(p), 0, KEYS_LOADED - 1, 'WITHSCORES')
     end
-    local kk = tenant_key(Q.OB, p.T, 'keys')
-    p.kk = kk -- the key set's name, for the reads and writes after this one
-    local entries = redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
-    if #entries == 0 and not p.sread then
-      E.read_solo(F, p)
+    if entries == nil or #entries == 0 then
+      if not p.sread then E.read_solo(F, p) end
       if p.solo then
+        if E.load_solo(F, p) then return end
+        -- discovery found a flow its entry does not name (it joins): a key set from now on
         SOLO.to_set(X, Q, p.T, p.solo, true)
-        p.solo = false
-        entries = redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
+        p.solo, entries = false, nil
       end
     end
+    local kk = E.key_set(p) -- (named here: the reads and writes after this one use it)
+    entries = entries or redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
     local n = #entries
     if n == 0 then return E.simple_pair(p) end
     p.complete = n < 2 * KEYS_LOADED
