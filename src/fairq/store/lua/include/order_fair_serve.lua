@@ -447,7 +447,8 @@ do
       entries = redis.call('ZRANGE', E.key_set(p), 0, KEYS_LOADED - 1, 'WITHSCORES')
     end
     if entries == nil or #entries == 0 then
-      if not p.sread then E.read_solo(F, p) end
+      -- (a queue known to keep no B:tsolo entry: no call)
+      if not (p.sread or (X.solo_none and X.solo_none[Q.OB])) then E.read_solo(F, p) end
       if p.solo then
         if E.load_solo(F, p) then return end
         -- discovery found a flow its entry does not name (it joins): a key set from now on
@@ -459,19 +460,29 @@ do
     entries = entries or redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
     local n = #entries
     if n == 0 then return E.simple_pair(p) end
-    p.complete = n < 2 * KEYS_LOADED
-    p.width = KEYS_LOADED
-    local floor_raw = nil
-    if p.complete then floor_raw = false end
+    local complete = n < 2 * KEYS_LOADED
+    p.complete, p.width = complete, KEYS_LOADED
+    -- one pass over the read: the key floor's score (false: a whole set without one), and
+    -- how many of the discovered flows it lists
+    local disc, floor_raw, listed = p.disc, nil, 0
+    if complete then floor_raw = false end
     for i = 1, n, 2 do
-      if entries[i] == KEY_FLOOR_MEMBER then floor_raw = entries[i + 1] end
+      local member = entries[i]
+      if member == KEY_FLOOR_MEMBER then
+        floor_raw = entries[i + 1]
+      elseif disc and disc[member] then
+        listed = listed + 1
+      end
     end
-    local missing = p.disc and E.unread(p.disc, entries)
+    local missing = nil
+    if disc and not (listed == 1 and next(disc, (next(disc))) == nil) then
+      missing = E.unread(disc, entries)
+    end
     local found = E.NONE
-    if not p.complete and (missing or floor_raw == nil) then
+    if not complete and (missing or floor_raw == nil) then
       -- their tags and (when it was not read) the key floor, in one read
       local names = {KEY_FLOOR_MEMBER}
-      for i, flow in ipairs(missing or {}) do names[i + 1] = flow end
+      for i, flow in ipairs(missing or E.NONE) do names[i + 1] = flow end
       found = call_list('ZMSCORE', kk, names)
       if floor_raw == nil then floor_raw = found[1] or false end
       table.remove(found, 1)
@@ -621,14 +632,17 @@ do
     end
     if p.kmoved then E.key_settle(p) end
     local added = Q.weighted and {} -- the new keys, for their weights
+    local keys = p.keys
     for i = 1, #entries, 2 do
       local flow = entries[i]
-      if not is_key_floor(flow) and not (listed and listed[flow]) then
+      -- (is_key_floor, written out: this loop runs for every entry read)
+      if flow ~= KEY_FLOOR_MEMBER and flow ~= FLOOR_MEMBER and not (listed and listed[flow]) then
         local tag = tonumber(entries[i + 1])
         if tag < floor then tag = floor end
         local k = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge,
           active = true, weight = 1}
-        E.key_insert(p, k)
+        -- (the first key in play needs no place found)
+        if #keys < p.kat then keys[#keys + 1] = k else E.key_insert(p, k) end
         if added then added[#added + 1] = k end
       end
     end
@@ -698,19 +712,19 @@ do
     return keys[at], keys[at + 1]
   end
 
-  -- A pair's best key in play and the next best: while the best it lists may not be the
-  -- tenant's (none listed, or its tag above the bound of what was read), more of the key
-  -- set is read. The next best is then at most the bound (a key not read may be there).
+  -- A pair's best key in play and the tag of the next best: while the best it lists may
+  -- not be the tenant's (none listed, or its tag above the bound of what was read), more
+  -- of the key set is read. The next tag is then at most the bound (a key not read may be
+  -- there); nil when there is no other key.
   function E.best_key(F, p)
     local best, second = E.listed_best(p)
     while not p.complete and (best == nil or best.tag > p.bound) do
       E.load_more_keys(F, p)
       best, second = E.listed_best(p)
     end
-    if not p.complete and (second == nil or second.tag > p.bound) then
-      second = {tag = p.bound}
-    end
-    return best, second
+    local next_tag = second and second.tag
+    if not p.complete and (second == nil or next_tag > p.bound) then next_tag = p.bound end
+    return best, next_tag
   end
 
   -- The least tie (longest-waiting known head) of pair p's keys in play, when key kc
@@ -844,7 +858,7 @@ do
     if kc == p.sk and not kc.moved then
       SOLO.to_set(X, Q, p.T, nil, false) -- its one key: a key set of its floor is left
     else
-      redis.call('ZREM', E.key_set(p), kc.flow)
+      redis.call('ZREM', p.kk or E.key_set(p), kc.flow)
     end
     if park_why then E.park(X, Q, 'k:' .. kc.flow, kc.tag, due) end
     if E.pair_emptied(X, p) then E.drop_pair(p) end
@@ -881,10 +895,9 @@ do
   end
 
   -- How many runs pair p (key kc) takes before its start tag passes the next tenant's
-  -- (`second`) or the read `bound`, or, inside the tenant, the next key's (`kc2`), at most
-  -- `take`. A tie is
-  -- settled by the next pick, with the new heads.
-  function E.run_length(p, kc, kc2, second, take, bound)
+  -- (`second`) or the read `bound`, or, inside the tenant, the next key's (`next_tag`), at
+  -- most `take`. A tie is settled by the next pick, with the new heads.
+  function E.run_length(p, kc, next_tag, second, take, bound)
     local run = take
     local step = p.Q.quantum / p.ten.weight
     -- before the next tenant's tag, or a pair not read yet (from the read bound on)
@@ -896,8 +909,8 @@ do
       local k = steps > 1 and math.ceil(steps) or 1
       if k < run then run = k end
     end
-    if kc ~= nil and kc2 ~= nil then
-      local steps = (kc2.tag - kc.tag) / (p.Q.quantum / kc.weight) - 1e-9
+    if kc ~= nil and next_tag ~= nil then
+      local steps = (next_tag - kc.tag) / (p.Q.quantum / kc.weight) - 1e-9
       local k = steps > 1 and math.ceil(steps) or 1
       if k < run then run = k end
     end
@@ -944,13 +957,13 @@ do
   function E.serve_pick(F, p, second)
     local Q = p.Q
     if not p.simple and p.keys == nil and not p.sk then E.load_keys(F, p) end
-    local flow, kc, kc2, named
+    local flow, kc, next_tag, named
     if p.simple then
       flow, named = p.flow, false -- (a simple flow names no tenant)
     else
       kc = p.sk -- (a tenant kept in B:tsolo: its one key, no key order to keep)
       if not kc then
-        kc, kc2 = E.best_key(F, p)
+        kc, next_tag = E.best_key(F, p)
       elseif not kc.active then
         kc = nil
       end
@@ -971,7 +984,7 @@ do
     if take <= 0 then
       E.hold_back(F, p, kc, flow, named, why, next_at)
     else
-      E.serve_flow(F, p, kc, flow, E.run_length(p, kc, kc2, second, take, F.bound), buckets,
+      E.serve_flow(F, p, kc, flow, E.run_length(p, kc, next_tag, second, take, F.bound), buckets,
         sid)
     end
     return kc
@@ -1104,22 +1117,30 @@ do
           args[#args + 1] = SOLO.value(sk.value, sk.tag, sk.flow)
         end
       else
-        -- a key set: its keys still in it (not drained or parked), and its floor
-        local args, keys = {}, sk and {sk} or p.keys
-        for j = 1, #keys do
-          local k = keys[j]
-          if k.touched and not k.gone then
-            args[#args + 1] = k.tag
-            args[#args + 1] = k.flow
+        -- a key set: its keys still in it (not drained or parked), and its floor (the
+        -- arguments made for the first: most served keys drain)
+        local args = nil
+        if sk then
+          if sk.touched and not sk.gone then args = {sk.tag, sk.flow} end
+        else
+          local keys = p.keys
+          for j = 1, #keys do
+            local k = keys[j]
+            if k.touched and not k.gone then
+              args = args or {}
+              args[#args + 1] = k.tag
+              args[#args + 1] = k.flow
+            end
           end
         end
         local kf = p.kf
         if kf.dirty then
+          args = args or {}
           args[#args + 1] = kf.value
           args[#args + 1] = KEY_FLOOR_MEMBER
           kf.dirty = false
         end
-        if #args > 0 then
+        if args then
           local kk = E.key_set(p)
           call_chunked('ZADD', kk, args)
           if tick then
