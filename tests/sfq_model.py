@@ -66,7 +66,8 @@ CAP_RECHECK_MS = 30_000
 FLOOR_MEMBER = "~floor"
 #: The member of a key set that holds its floor (first among equal tags).
 KEY_FLOOR_MEMBER = "!floor"
-#: Entries of a key set a dequeue reads first (twice as many each time it needs more).
+#: Entries of a key set a dequeue reads first (twice as many each time it needs more);
+#: one fewer in a call with more candidate pairs than runs to serve.
 KEYS_LOADED = 3
 #: At most this many gather-and-serve rounds per dequeue call.
 MAX_ROUNDS = 16
@@ -302,6 +303,7 @@ class SfqModel:
     charge_unit_ms: int = 1_000
     #: how many times a serve read more of a key set than its first entries
     reads_more: int = 0
+    short_reads: int = 0  # first reads of a key set one entry short (see load_keys)
     #: how many runs were served by borrowing, and how many held back by a rate
     borrowed: int = 0
     rate_held: int = 0
@@ -987,7 +989,10 @@ class _FairServe:
         if p.keys is not None or p.simple:
             return
         q, m = p.q, self.m
-        entries = self.key_entries(p, KEYS_LOADED) if q.named else []
+        width = KEYS_LOADED - 1 if len(self.plist) > self.budget else KEYS_LOADED
+        entries = self.key_entries(p, width) if q.named else []
+        if entries and width < KEYS_LOADED:
+            m.short_reads += 1
         if not entries:
             p.simple = True
             return

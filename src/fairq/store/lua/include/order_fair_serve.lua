@@ -12,10 +12,14 @@ do
   -- the engine's functions, as fields of one local (see above)
   local E = {}
 
-  --- How many entries of a tenant's key set a dequeue reads first: most tenants are served
-  --- once per call (its floor, its best key and the next; 3 instead of 6: 3 % less server
-  --- work with 100 named tenants, measured); it reads more while the best key it knows may
-  --- not be the tenant's best (load_more_keys).
+  --- How many entries of a tenant's key set a dequeue reads first (its floor, its best key
+  --- and the next; 3 instead of 6 was 3 % less server work with 100 named tenants,
+  --- measured), and one fewer in a call with more candidate pairs than runs to serve,
+  --- where most tenants are served once (2 % less again there; where tenants are served
+  --- twice or more, the third entry saves a second read: E.load_keys). It reads
+  --- more while the best key it knows may not be the tenant's best (load_more_keys). A
+  --- tenant kept in B:tsolo is served as that read of its key set (floor, key) would
+  --- serve it: see E.load_solo.
   local KEYS_LOADED = 3
   --- At most this many gather-and-serve rounds per call (each round after the first needs
   --- the previous one to have parked something, or to have found that it must read more of
@@ -212,10 +216,12 @@ do
 
   -- Whether every key of a pair's (fully loaded) key set left it in this call.
   function E.pair_emptied(X, p)
-    if not (p.complete or p.sk) or (X.kadded and X.kadded[p.Q.OB .. '|' .. p.T]) then
+    local sk = p.sk
+    if not (p.complete or (sk and sk.whole))
+        or (X.kadded and X.kadded[p.Q.OB .. '|' .. p.T]) then
       return false
     end
-    if p.sk then return p.sk.gone end
+    if sk then return sk.gone end
     for _, k in ipairs(p.keys) do
       if not k.gone then return false end
     end
@@ -442,26 +448,27 @@ do
     -- a tenant kept in B:tsolo (one key in play): read first where discovery found at
     -- most one of its flows; where it found several, its key set is read first (most
     -- such tenants have one), and B:tsolo only when there is none
-    local entries = nil
+    -- the first read's width (see KEYS_LOADED)
+    local entries, width = nil, #F.plist > F.budget and KEYS_LOADED - 1 or KEYS_LOADED
     if not (p.sread or E.one_flow(p)) then
-      entries = redis.call('ZRANGE', E.key_set(p), 0, KEYS_LOADED - 1, 'WITHSCORES')
+      entries = redis.call('ZRANGE', E.key_set(p), 0, width - 1, 'WITHSCORES')
     end
     if entries == nil or #entries == 0 then
       -- (a queue known to keep no B:tsolo entry: no call)
       if not (p.sread or (X.solo_none and X.solo_none[Q.OB])) then E.read_solo(F, p) end
       if p.solo then
-        if E.load_solo(F, p) then return end
+        if E.load_solo(F, p, width) then return end
         -- discovery found a flow its entry does not name (it joins): a key set from now on
         SOLO.to_set(X, Q, p.T, p.solo, true)
         p.solo, entries = false, nil
       end
     end
     local kk = E.key_set(p) -- (named here: the reads and writes after this one use it)
-    entries = entries or redis.call('ZRANGE', kk, 0, KEYS_LOADED - 1, 'WITHSCORES')
+    entries = entries or redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
     local n = #entries
     if n == 0 then return E.simple_pair(p) end
-    local complete = n < 2 * KEYS_LOADED
-    p.complete, p.width = complete, KEYS_LOADED
+    local complete = n < 2 * width
+    p.complete, p.width = complete, width
     -- one pass over the read: the key floor's score (false: a whole set without one), and
     -- how many of the discovered flows it lists
     local disc, floor_raw, listed = p.disc, nil, 0
@@ -550,16 +557,20 @@ do
   -- is p.sk, a key record that is also the tenant's key floor record (p.kf: its `value`)
   -- and the serve's record of the entry in X.solo_live (a script that moves the entry
   -- into a key set in this call takes them from there, and sets its `moved`); no key
-  -- list, no key order. False (nothing loaded) when discovery found a flow the entry
-  -- does not name.
-  function E.load_solo(F, p)
+  -- list, no key order. The key knows what a first read of the tenant's key set (its
+  -- floor and its key, in a read of `width` entries) would: the whole set only when that
+  -- is fewer than `width` (k.whole); the read's bound is the key's tag (k.bound). When the
+  -- entry moved into a key set, the pair becomes a key-set pair (E.solo_moved). False
+  -- (nothing loaded) when discovery found a flow the entry does not name.
+  function E.load_solo(F, p, width)
     local floor, tag, flow = SOLO.parse(p.solo)
     local disc = p.disc
     if disc and (next(disc) ~= flow or next(disc, flow) ~= nil) then return false end
     if tag < floor then tag = floor end
     local Q = p.Q
     local k = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge, active = true,
-      weight = 1, touched = false, gone = false, value = floor, dirty = false, moved = false}
+      weight = 1, touched = false, gone = false, value = floor, dirty = false, moved = false,
+      whole = 2 < width, bound = tag}
     if Q.weighted then
       k.weight = tonumber(redis.call('HGET', queue_key(Q.B, 'key_weights'), flow_key(flow))) or 1
     end
@@ -579,6 +590,20 @@ do
     of[p.T] = k
     E.append(F, 'loaded', p)
     return true
+  end
+
+  -- Pair p, loaded from B:tsolo, whose entry moved into a key set in this call (its key
+  -- left, or a second key joined): from its next pick on it is the key-set pair of the
+  -- first read its B:tsolo entry stood for (see load_solo), its key sk listed (out of
+  -- play when it left); best_key reads on from there. Returns nil (no B:tsolo key).
+  function E.solo_moved(p, sk)
+    p.sk = false
+    p.keys, p.kat, p.kmoved = {sk}, sk.active and 1 or 2, false
+    -- (a read of 2 entries, floor and key, knows the whole set only when it is shorter)
+    p.complete, p.width = sk.whole, sk.whole and KEYS_LOADED or 2
+    p.bound = sk.whole and math.huge or sk.bound
+    E.key_set(p)
+    return nil
   end
 
   -- The name of pair p's key set (a pair loaded from B:tsolo names it only when needed).
@@ -962,10 +987,15 @@ do
       flow, named = p.flow, false -- (a simple flow names no tenant)
     else
       kc = p.sk -- (a tenant kept in B:tsolo: its one key, no key order to keep)
+      if kc and kc.moved then kc = E.solo_moved(p, kc) end
       if not kc then
         kc, next_tag = E.best_key(F, p)
       elseif not kc.active then
         kc = nil
+      elseif not kc.whole then
+        -- as the first read of its key set would serve it (see load_solo): up to that
+        -- read's bound, then (reading on) the whole set is known
+        if kc.tag > kc.bound then kc.whole = true else next_tag = kc.bound end
       end
       if kc == nil then
         -- nothing left in this pair in this call (drained, or every key held back)
