@@ -304,6 +304,7 @@ class SfqModel:
     #: how many times a serve read more of a key set than its first entries
     reads_more: int = 0
     short_reads: int = 0  # first reads of a key set one entry short (see load_keys)
+    probes: int = 0  # tenants loaded from their discovered keys' tags only (probe_keys)
     #: how many runs were served by borrowing, and how many held back by a rate
     borrowed: int = 0
     rate_held: int = 0
@@ -990,6 +991,8 @@ class _FairServe:
             return
         q, m = p.q, self.m
         width = KEYS_LOADED - 1 if len(self.plist) > self.budget else KEYS_LOADED
+        if q.named and width < KEYS_LOADED and p.disc and self.probe_keys(p):
+            return
         entries = self.key_entries(p, width) if q.named else []
         if entries and width < KEYS_LOADED:
             m.short_reads += 1
@@ -1012,6 +1015,33 @@ class _FairServe:
         self.keysets[(q.name, p.tenant)] = p
         if not p.keys and self.pair_emptied(p):
             self.drop(p)
+
+    def probe_keys(self, p: _Pair) -> bool:
+        """In a call with more candidate pairs than runs: when the tenant's key set has
+        its floor and a discovered key is at it (a stored tag at most the floor), that
+        key beats every key not discovered, so the pair lists the discovered keys only
+        (registering a flow nothing registered): the bound is the floor, the set not
+        known whole, and a later read takes 4 entries. Whether it did."""
+        q, m = p.q, self.m
+        if p.tenant not in q.kfloor:
+            return False
+        kk = q.keysets.get(p.tenant) or {}
+        kf = m._key_floor(self.call, q, p.tenant)
+        floor = float(kf[0])
+        if not any(f in kk and kk[f] <= floor for f in p.disc):
+            return False
+        m.probes += 1
+        p.kf, p.keys, p.width, p.complete, p.bound = kf, [], KEYS_LOADED - 1, False, floor
+        added: list[tuple[str, float]] = []
+        for f in sorted(p.disc):
+            tag = kk.get(f)
+            if tag is None:
+                tag = m._register_key(self.call, q, p.tenant, f)
+            if tag is not None:
+                added.append((f, tag))
+        self.list_keys(p, added)
+        self.keysets[(q.name, p.tenant)] = p
+        return True
 
     def load_more_keys(self, p: _Pair) -> None:
         self.m.reads_more += 1

@@ -460,8 +460,9 @@ async def test_lua_fair_order_matches_reference_model(
     assert min(counts.get(k, 0) for k in ("cap", "weight", "tenant", "nack")) > 10, counts
     if seed in MANY_KEYS:
         assert model.reads_more >= MANY_KEYS[seed], (seed, model.reads_more)
-    # calls with more candidate pairs than runs read a key set one entry short first
-    assert model.short_reads > 40, (seed, model.short_reads)
+    # calls with more candidate pairs than runs read a key set one entry short first, or
+    # only the discovered keys' tags
+    assert model.short_reads > 20 and model.probes > 8, (seed, model.short_reads, model.probes)
     if opts.limits:
         assert min(counts.get(k, 0) for k in ("rate", "total", "borrow")) > 3, counts
         assert model.rate_held > 20 and model.borrowed > 5, (model.rate_held, model.borrowed)

@@ -450,8 +450,18 @@ do
     -- such tenants have one), and B:tsolo only when there is none
     -- the first read's width (see KEYS_LOADED)
     local entries, width = nil, #F.plist > F.budget and KEYS_LOADED - 1 or KEYS_LOADED
+    -- (in such a call, a tenant with discovered flows and a key set is probed first; a
+    -- probe that did not load the pair leaves what it read in `probed`)
+    local probe, probed = width < KEYS_LOADED and p.disc ~= nil, nil
     if not (p.sread or E.one_flow(p)) then
-      entries = redis.call('ZRANGE', E.key_set(p), 0, width - 1, 'WITHSCORES')
+      if probe then
+        local loaded
+        loaded, entries, probed = E.probe_keys(F, p)
+        if loaded then return end
+        probe = false
+      else
+        entries = redis.call('ZRANGE', E.key_set(p), 0, width - 1, 'WITHSCORES')
+      end
     end
     if entries == nil or #entries == 0 then
       -- (a queue known to keep no B:tsolo entry: no call)
@@ -462,6 +472,11 @@ do
         SOLO.to_set(X, Q, p.T, p.solo, true)
         p.solo, entries = false, nil
       end
+    end
+    if entries == nil and probe then
+      local loaded
+      loaded, entries, probed = E.probe_keys(F, p)
+      if loaded then return end
     end
     local kk = E.key_set(p) -- (named here: the reads and writes after this one use it)
     entries = entries or redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
@@ -486,7 +501,12 @@ do
       missing = E.unread(disc, entries)
     end
     local found = E.NONE
-    if not complete and (missing or floor_raw == nil) then
+    if probed and not complete then
+      -- the probe read them
+      if floor_raw == nil then floor_raw = probed[KEY_FLOOR_MEMBER] end
+      found = {}
+      for i, flow in ipairs(missing or E.NONE) do found[i] = probed[flow] end
+    elseif not complete and (missing or floor_raw == nil) then
       -- their tags and (when it was not read) the key floor, in one read
       local names = {KEY_FLOOR_MEMBER}
       for i, flow in ipairs(missing or E.NONE) do names[i + 1] = flow end
@@ -513,6 +533,54 @@ do
     E.append(F, 'loaded', p)
     -- a tenant whose keys all left (parked, drained elsewhere) leaves the candidates
     if #p.keys == 0 and E.pair_emptied(X, p) then E.drop_pair(p) end
+  end
+
+  -- The probe of a tenant with discovered flows, in a call whose tenants are mostly
+  -- served once: one ZMSCORE of its key floor and the discovered flows' tags. When the
+  -- set has its floor and a discovered key is at it (clamped: tags below the floor count
+  -- as the floor), that key beats every key not discovered (equal tags: a known head
+  -- first), so the pair lists the discovered keys (registering a flow nothing registered)
+  -- and knows no more: the read's bound is the floor, not the whole set, and a later read
+  -- takes 4 entries, as after a read of 2. Returns true (loaded); else false, the set's
+  -- first 2 entries and what the probe read (member -> score or false), when the set has
+  -- a floor (else nil, nil).
+  function E.probe_keys(F, p)
+    local X, Q, disc = F.X, p.Q, p.disc
+    local kk = E.key_set(p)
+    -- the flows in name order (registered in that order), then the floor member
+    local names = {}
+    for flow in pairs(disc) do names[#names + 1] = flow end
+    local n = #names
+    if n > 1 then table.sort(names) end
+    names[n + 1] = KEY_FLOOR_MEMBER
+    local got = redis.call('ZMSCORE', kk, unpack(names))
+    local raw = got[n + 1]
+    if not raw then return false, nil end -- no key set (B:tsolo, none, or no floor)
+    local kf = key_floor(X, kk, raw)
+    local floor, at_floor = kf.value, false
+    for i = 1, n do
+      local tag = tonumber(got[i])
+      if tag ~= nil and tag <= floor then at_floor = true end
+    end
+    if not at_floor then
+      local probed = {}
+      for i = 1, n + 1 do probed[names[i]] = got[i] end
+      return false, redis.call('ZRANGE', kk, 0, KEYS_LOADED - 2, 'WITHSCORES'), probed
+    end
+    p.keys, p.kat, p.kmoved = {}, 1, false
+    p.complete, p.width, p.bound, p.kf = false, KEYS_LOADED - 1, floor, kf
+    local added = {} -- (flow, tag, ... as list_keys takes them)
+    for i = 1, n do
+      local flow, tag = names[i], got[i]
+      if not tag then tag = register_key(X, Q, p.T, flow) end
+      if tag then
+        added[#added + 1] = flow
+        added[#added + 1] = tag
+      end
+    end
+    E.list_keys(p, added, false)
+    E.append(F, 'loaded', p)
+    return true
   end
 
   -- The B:tsolo entries (p.solo; false: none, its keys are in its key set, if any) of
