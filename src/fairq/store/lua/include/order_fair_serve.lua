@@ -478,6 +478,15 @@ do
       loaded, entries, probed = E.probe_keys(F, p)
       if loaded then return end
     end
+    E.list_key_set(F, p, entries, width, probed)
+  end
+
+  -- Pair p's keys from the first `width` entries of its key set (`entries`; read here
+  -- when nil) and the discovered flows that read does not list: their tags come from what
+  -- a probe read (`probed`), else from one ZMSCORE with the key floor's (when the read
+  -- did not hold it); a flow nothing registered is registered.
+  function E.list_key_set(F, p, entries, width, probed)
+    local X, Q = F.X, p.Q
     local kk = E.key_set(p) -- (named here: the reads and writes after this one use it)
     entries = entries or redis.call('ZRANGE', kk, 0, width - 1, 'WITHSCORES')
     local n = #entries
