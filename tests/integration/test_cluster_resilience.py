@@ -174,7 +174,7 @@ async def test_consumers_ride_out_a_master_restart_without_loss_or_double_delive
                 break  # the rest (if any) is leased by a dequeue whose reply was lost
     finally:
         stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
         for c in consumers:
             await c.close()
 
@@ -184,6 +184,9 @@ async def test_consumers_ride_out_a_master_restart_without_loss_or_double_delive
             f"{done_during_restart}; consumer-visible errors: {dict(ledger.errors)}"
         )
         assert done_before_restart < RUNS // 2, "the restart should land mid-stream"
+        # no consumer loop died: every error the restart surfaced was one they ride out
+        died = [repr(e) for e in ended if isinstance(e, BaseException)]
+        assert not died, f"consumer loops died: {died}"
         assert ledger.after_restart, "consumers did not continue after the restart"
         restarted_shards = set(spread[victim_name])
         assert any(

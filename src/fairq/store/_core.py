@@ -14,7 +14,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, NoReturn, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ClusterError, ReadOnlyError, RedisError, ResponseError, TryAgainError
+from redis.exceptions import (
+    ClusterError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -295,6 +302,11 @@ def translated(exc: Exception, server: str) -> Exception:
     if isinstance(exc, TRANSIENT_SERVER_ERRORS):
         # the server answers but cannot serve for now (a cluster failing over, a node
         # back from a restart): as good as away, and retried the same way
+        return ConnectionLostError(server, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, RedisClusterException):
+        # the cluster client cannot map a slot to a node, or reach or agree on the
+        # cluster's layout, while a node restarts or fails over (redis-py raises these
+        # outside its RedisError tree): the same, until the layout is whole again
         return ConnectionLostError(server, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, ResponseError):
         return FairqError(f"the server at {server} refused a command: {exc}")
