@@ -43,9 +43,11 @@ from fairq.store.wire import script_wire
 
 T = TypeVar("T")
 
-#: Replies that mean "not now" rather than "no": CLUSTERDOWN, MASTERDOWN, TRYAGAIN, and a
-#: write reaching a replica mid-failover (READONLY).
-TRANSIENT_SERVER_ERRORS: Final = (ClusterError, TryAgainError, ReadOnlyError)
+#: Errors that mean "not now" rather than "no": the replies CLUSTERDOWN, MASTERDOWN,
+#: TRYAGAIN, and a write reaching a replica mid-failover (READONLY); and the cluster
+#: client's own, raised outside redis-py's RedisError tree, when it cannot map a slot to a
+#: node or reach or agree on the cluster's layout while a node restarts or fails over.
+TRANSIENT_SERVER_ERRORS: Final = (ClusterError, TryAgainError, ReadOnlyError, RedisClusterException)
 
 #: How long a process remembers that an environment has fair-order queues (s); after
 #: that it tries the age-order scripts again (which refuse, if the fair order is still
@@ -300,13 +302,8 @@ def translated(exc: Exception, server: str) -> Exception:
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)):
         return ConnectionLostError(server, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, TRANSIENT_SERVER_ERRORS):
-        # the server answers but cannot serve for now (a cluster failing over, a node
-        # back from a restart): as good as away, and retried the same way
-        return ConnectionLostError(server, f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, RedisClusterException):
-        # the cluster client cannot map a slot to a node, or reach or agree on the
-        # cluster's layout, while a node restarts or fails over (redis-py raises these
-        # outside its RedisError tree): the same, until the layout is whole again
+        # the cluster cannot serve for now (failing over, a node back from a restart, a
+        # layout the client cannot map yet): as good as away, and retried the same way
         return ConnectionLostError(server, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, ResponseError):
         return FairqError(f"the server at {server} refused a command: {exc}")
