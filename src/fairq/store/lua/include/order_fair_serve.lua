@@ -557,21 +557,17 @@ do
     local X, Q, disc = F.X, p.Q, p.disc
     local kk = E.key_set(p)
     -- the flows in name order (registered in that order), then the floor member (one
-    -- flow, most probes: no list to build)
-    local names, n, got
+    -- flow, most probes: the list made whole, nothing to sort)
     local first = next(disc)
-    if next(disc, first) == nil then
-      n = 1
-      names = {first, KEY_FLOOR_MEMBER}
-      got = redis.call('ZMSCORE', kk, first, KEY_FLOOR_MEMBER)
-    else
+    local names, n = {first, KEY_FLOOR_MEMBER}, 1
+    if next(disc, first) ~= nil then
       names = {}
       for flow in pairs(disc) do names[#names + 1] = flow end
       n = #names
       table.sort(names)
       names[n + 1] = KEY_FLOOR_MEMBER
-      got = redis.call('ZMSCORE', kk, unpack(names))
     end
+    local got = redis.call('ZMSCORE', kk, unpack(names))
     local raw = got[n + 1]
     if not raw then return false, nil end -- no key set (B:tsolo, none, or no floor)
     local kf = key_floor(X, kk, raw)
