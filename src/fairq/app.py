@@ -437,6 +437,8 @@ class Fairq:
         if pending is None or (pending.done() and pending.exception() is not None):
             pending = loop.create_task(self._open())
             self._queues[loop] = pending
+        if pending.done():  # (connected: no shield to make)
+            return pending.result()
         return await asyncio.shield(pending)
 
     async def aclose(self) -> None:

@@ -313,30 +313,45 @@ class Task(Generic[P, R]):
         """Run the function in this process (no queue)."""
         return self.fn(payload)
 
-    def _request(self, item: TriggerItem[P]) -> EnqueueRequest:
-        run_id = item.run_id or new_run_id()
-        ttl_ms = to_ms("ttl", item.ttl)
-        timeout_ms = to_ms("timeout", item.timeout)
-        if timeout_ms == 0:
-            raise ConfigurationError("timeout must be positive")
-        tenant = item.tenant or tenant_of(self.tenant_from, item.payload, item.concurrency_key)
-        if item.keep_result is not None and not isinstance(item.keep_result, bool):
-            raise InvalidLimitError("keep_result", item.keep_result, "must be True, False or None")
-        keep = item.keep_result if item.keep_result is not None else self.keep_result
-        return EnqueueRequest(
-            env=self.app.env,
-            queue=self.queue,
-            run_id=run_id,
-            payload=item.payload,
-            concurrency_key=item.concurrency_key,
-            delay_ms=to_ms("delay", item.delay) or 0,
-            head_start_ms=to_ms("head_start", item.head_start) or 0,
-            priority=item.priority if item.priority is not None else self.priority,
-            ttl_ms=ttl_ms if ttl_ms is not None else self.ttl_ms,
-            tenant=tenant,
-            keep_outcome=bool(keep),
-            timeout_ms=timeout_ms,
-        )
+    def _request(
+        self,
+        payload: Any,
+        concurrency_key: str | None,
+        tenant: str | None,
+        delay: Duration | None,
+        ttl: Duration | None,
+        priority: int | None,
+        run_id: str | None,
+        timeout: Duration | None,
+        keep_result: bool | None,
+        head_start: Duration | None,
+    ) -> EnqueueRequest:
+        """The store request of one run (a trigger's arguments or a TriggerItem's fields)."""
+        try:
+            ttl_ms = to_ms("ttl", ttl)
+            timeout_ms = to_ms("timeout", timeout)
+            if timeout_ms == 0:
+                raise ConfigurationError("timeout must be positive")
+            tenant = tenant or tenant_of(self.tenant_from, payload, concurrency_key)
+            if keep_result is not None and not isinstance(keep_result, bool):
+                raise InvalidLimitError("keep_result", keep_result, "must be True, False or None")
+            keep = keep_result if keep_result is not None else self.keep_result
+            return EnqueueRequest(
+                env=self.app.env,
+                queue=self.queue,
+                run_id=run_id or new_run_id(),
+                payload=payload,
+                concurrency_key=concurrency_key,
+                delay_ms=to_ms("delay", delay) or 0,
+                head_start_ms=to_ms("head_start", head_start) or 0,
+                priority=priority if priority is not None else self.priority,
+                ttl_ms=ttl_ms if ttl_ms is not None else self.ttl_ms,
+                tenant=tenant,
+                keep_outcome=bool(keep),
+                timeout_ms=timeout_ms,
+            )
+        except PayloadError as exc:
+            raise PayloadError(f"task {self.name!r}: {exc}") from None
 
     def _handle(self, run_id: str, status: EnqueueStatus, limit: int) -> RunHandle[R]:
         error = (
@@ -389,7 +404,8 @@ class Task(Generic[P, R]):
             QueueSizeLimitExceededError: the queue is at its size limit.
             InvalidNameError, ConfigurationError, InvalidLimitError: bad arguments.
         """
-        item = TriggerItem(
+        # (the arguments as they are: a TriggerItem of them would cost a microsecond more)
+        request = self._request(
             payload,
             concurrency_key,
             tenant,
@@ -401,7 +417,6 @@ class Task(Generic[P, R]):
             keep_result,
             head_start,
         )
-        request = self.request_for(item)
         if self.app.eager:
             return await self._run_eagerly(request)
         rq = await self.app.queue()
@@ -411,10 +426,18 @@ class Task(Generic[P, R]):
 
     def request_for(self, item: TriggerItem[P]) -> EnqueueRequest:
         """The store request of one trigger (the blocking facade sends it itself)."""
-        try:
-            return self._request(item)
-        except PayloadError as exc:
-            raise PayloadError(f"task {self.name!r}: {exc}") from None
+        return self._request(
+            item.payload,
+            item.concurrency_key,
+            item.tenant,
+            item.delay,
+            item.ttl,
+            item.priority,
+            item.run_id,
+            item.timeout,
+            item.keep_result,
+            item.head_start,
+        )
 
     def handle_for(self, result: EnqueueResult) -> RunHandle[R]:
         """The handle of an enqueued run; raises when the queue refused it (size limit)."""

@@ -5,7 +5,8 @@ tracer provider as usual (``opentelemetry.trace.set_tracer_provider``, or
 :func:`use_tracer_provider` for fairq alone). Without the package every function here is
 a no-op costing one attribute check; with the API but no tracer provider configured (the
 API's default proxy), no span is started either: one check per trigger and per run,
-instead of the tens of microseconds a non-recording span and its context cost.
+instead of the tens of microseconds a non-recording span and its context cost (a global
+provider set after the first trigger is seen within a second).
 
 Spans:
 
@@ -28,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 if TYPE_CHECKING:
@@ -73,16 +75,33 @@ def _tracer() -> Any:
     return _trace.get_tracer(TRACER_NAME)
 
 
+#: While no tracer provider is set, how long (s) that answer is kept: asking the API
+#: costs a look into the process environment (about 1.5 µs, on every trigger and run).
+#: A global provider set later is seen within this time; one given to
+#: :func:`use_tracer_provider` at once.
+NO_PROVIDER_RECHECK_S: Final = 1.0
+_no_provider_until = 0.0
+#: The clock of that interval.
+_clock: Callable[[], float] = time.monotonic
+
+
 def _tracing() -> bool:
     """Whether spans would go anywhere: a provider given to fairq, or a global one set."""
+    global _no_provider_until
     if not AVAILABLE:
         return False
-    _load()
     if _provider is not None:
         return True
-    return not isinstance(
+    now = _clock()
+    if now < _no_provider_until:
+        return False
+    _load()
+    if isinstance(
         _trace.get_tracer_provider(), (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
-    )
+    ):
+        _no_provider_until = now + NO_PROVIDER_RECHECK_S
+        return False
+    return True
 
 
 def _attributes(

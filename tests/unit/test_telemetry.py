@@ -50,3 +50,29 @@ def test_a_callers_own_span_is_carried_even_without_fairq_spans() -> None:
         carried = telemetry.with_trace_context(REQUEST)
     own.shutdown()
     assert carried.trace_context is not None
+
+
+def test_a_global_provider_set_later_is_seen_after_the_recheck_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no provider, the answer is kept for NO_PROVIDER_RECHECK_S (asking the API
+    reads the process environment); a global provider set meanwhile is seen once that
+    time has passed, and one given to fairq at once. (A fake clock; the global provider
+    is the API's getter, replaced: a real global can be set once per process.)"""
+    clock = [1_000.0]
+    monkeypatch.setattr(telemetry, "_clock", lambda: clock[0])
+    monkeypatch.setattr(telemetry, "_no_provider_until", 0.0)
+    telemetry._load()
+    later = TracerProvider()
+    assert telemetry._tracing() is False
+    monkeypatch.setattr(telemetry._trace, "get_tracer_provider", lambda: later)
+    clock[0] += telemetry.NO_PROVIDER_RECHECK_S / 2
+    assert telemetry._tracing() is False  # the kept answer
+    telemetry.use_tracer_provider(later)
+    try:
+        assert telemetry._tracing() is True  # fairq's own provider: at once
+    finally:
+        telemetry.use_tracer_provider(None)
+    clock[0] += telemetry.NO_PROVIDER_RECHECK_S
+    assert telemetry._tracing() is True  # the global one, after the interval
+    later.shutdown()

@@ -320,11 +320,34 @@ def status_of(reply: Any) -> Status | None:
             return Status(int(reply[0]))
         except (TypeError, ValueError):
             raise ScriptProtocolError("script", reply) from None
-    if isinstance(reply, bytes | str):
-        first = reply.split(maxsplit=1)[:1]
-        if first and first[0].isdigit():
-            try:
-                return Status(int(first[0]))
-            except ValueError:
-                return None
+    if isinstance(reply, bytes):
+        # (a one-run reply is one of a few short texts: its status is looked up, not parsed)
+        if reply in _TEXT_STATUS:
+            return _TEXT_STATUS[reply]
+        status = _leading_status(reply)
+        if len(reply) <= MEMO_REPLY_BYTES:
+            if len(_TEXT_STATUS) >= MEMO_REPLIES:
+                _TEXT_STATUS.clear()
+            _TEXT_STATUS[reply] = status
+        return status
+    if isinstance(reply, str):
+        return _leading_status(reply)
     return None
+
+
+def _leading_status(reply: bytes | str) -> Status | None:
+    first = reply.split(maxsplit=1)[:1]
+    if first and first[0].isdigit():
+        try:
+            return Status(int(first[0]))
+        except ValueError:
+            return None
+    return None
+
+
+#: Short text replies are memoised by their bytes (a one-run enqueue's reply is one of a
+#: few texts: parsing it again on every call cost about 1.5 µs): the longest kept, and
+#: how many (all forgotten at once when full).
+MEMO_REPLY_BYTES: Final = 32
+MEMO_REPLIES: Final = 256
+_TEXT_STATUS: dict[bytes, Status | None] = {}

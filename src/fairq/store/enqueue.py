@@ -17,7 +17,7 @@ from fairq.errors import (
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult, EnqueueStatus
 from fairq.store import validate
-from fairq.store._core import StoreCore
+from fairq.store._core import MEMO_REPLIES, MEMO_REPLY_BYTES, StoreCore
 from fairq.store.run_hash import KEEP_OUTCOME
 from fairq.store.status import Status, decode
 
@@ -66,13 +66,32 @@ def enqueue_reply(reply: Any) -> list[bytes]:
 
 def enqueue_results(requests: Sequence[EnqueueRequest], reply: Any) -> list[EnqueueResult]:
     """Each run's result from an enqueue script's reply."""
+    limit, statuses = _parsed_reply(reply)
+    if len(requests) == 1 and len(statuses) == 1:  # (one run: no zip)
+        return [EnqueueResult(requests[0].run_id, statuses[0], limit)]
+    return [
+        EnqueueResult(request.run_id, status, limit)
+        for request, status in zip(requests, statuses, strict=True)
+    ]
+
+
+def _parsed_reply(reply: Any) -> tuple[int, tuple[EnqueueStatus, ...]]:
+    """The size limit and the runs' statuses of an enqueue reply, checked; a short reply
+    (one or a few runs) is parsed once and then looked up by its bytes."""
+    parsed = _PARSED_REPLIES.get(reply) if isinstance(reply, bytes) else None
+    if parsed is not None:
+        return parsed
     words = enqueue_reply(reply)
     decode("enqueue", words[0])
-    limit = int(words[1])
-    return [
-        EnqueueResult(request.run_id, _STATUS[decode("enqueue", code)], limit)
-        for request, code in zip(requests, words[2:], strict=True)
-    ]
+    parsed = (int(words[1]), tuple(_STATUS[decode("enqueue", code)] for code in words[2:]))
+    if isinstance(reply, bytes) and len(reply) <= MEMO_REPLY_BYTES:
+        if len(_PARSED_REPLIES) >= MEMO_REPLIES:
+            _PARSED_REPLIES.clear()
+        _PARSED_REPLIES[reply] = parsed
+    return parsed
+
+
+_PARSED_REPLIES: dict[bytes, tuple[int, tuple[EnqueueStatus, ...]]] = {}
 
 
 _Pending = list[tuple[EnqueueRequest, list[str], "asyncio.Future[EnqueueResult]"]]

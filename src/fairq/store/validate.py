@@ -93,6 +93,10 @@ def batch(name: str, items: object) -> None:
         raise InvalidLimitError(name, len(items), f"at most {MAX_BATCH} per call")  # type: ignore[arg-type]
 
 
+#: The payloads' JSON encoder, made once (``json.dumps`` with options makes one per call,
+#: a third of a small payload's encoding time).
+_PAYLOAD_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
 #: Types a payload's values can have that hold nothing further.
 _FLAT: Final = frozenset({str, int, float, bool, type(None)})
 
@@ -119,7 +123,7 @@ def payload(value: Any, max_bytes: int) -> str:
     """
     _depth(value, MAX_PAYLOAD_DEPTH)
     try:
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = _PAYLOAD_ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         message = str(exc)
         if len(message) > 120:
