@@ -24,6 +24,16 @@ Workloads (``--workloads``, comma-separated):
   (keyless runs), the worker's way: the partition view read included (per op: one batch
   of 10).
 
+Two references for ``trigger``, what bounds it from below and what it is compared with:
+
+* ``trigger_floor``: the same keyless runs, each sent with the enqueue script's own
+  arguments to a floor script that runs the five commands a keyless enqueue must run
+  (``TIME``, ``EXISTS`` of the environment's config, ``HSETEX FNX`` of the run's five
+  fields, ``ZADD`` into the queue, ``ZADD LT CH`` of the queue's head) on the same key
+  names, and nothing else: no checks, no state, no options (per op: one run);
+* ``dramatiq_send``: Dramatiq's ``send`` of one message to its Redis broker, the peer
+  ``bench/peers.py`` compares enqueues with (per op: one message; needs ``dramatiq``).
+
 ``--against REF`` measures the same workloads on a git ref too (checked out into a
 temporary worktree, imported instead of this checkout), and reports REF / this ratios.
 
@@ -80,12 +90,20 @@ async def _noop(payload: dict[str, Any]) -> None:
     return None
 
 
+def _dramatiq_noop(payload: dict[str, Any]) -> None:
+    return None
+
+
 async def _client(workload: str, n: int, port: int, pid: int) -> int:
     """Run one workload against the server on ``port`` (callgrind ``pid``); returns the
     number of operations measured."""
     from fairq import Fairq, RetryPolicy, RunQueueConfig
 
     url = f"redis://127.0.0.1:{port}/0"
+    if workload == "trigger_floor":
+        return await _floor_client(n, url, pid)
+    if workload == "dramatiq_send":
+        return _dramatiq_client(n, url, pid)
     if workload in ("trigger", "trigger_fair", "drain"):
         fair = workload == "trigger_fair"
         config = RunQueueConfig().with_vtime(enabled=True) if fair else RunQueueConfig()
@@ -204,6 +222,82 @@ async def _spread_client(workload: str, n: int, url: str, pid: int) -> int:
     _instrument(pid, False)
     await rq.close()
     return batches - WARM_OPS
+
+
+def floor_script() -> str:
+    """The floor of a keyless enqueue: its five commands on its key names, built from the
+    same schema tables as the scripts' (ARGV as the enqueue script's: context, env id,
+    queue, schedule, tick, then the run's one argument)."""
+    from fairq import keys as K
+    from fairq.store.run_hash import RUN_FIELDS
+
+    f = {name: RUN_FIELDS[name].stored for name in ("queue", "payload", "score")}
+    f.update(enqueued_at=RUN_FIELDS["enqueued_at"].stored, state=RUN_FIELDS["state"].stored)
+    return f"""
+local tag, env, queue = KEYS[1], ARGV[3], ARGV[4]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + (t[2] - t[2] % 1000) / 1000
+local id, payload = string.match(ARGV[7], '^([^ :]+) [^ ]* [^ ]* [^ ]* (.*)$')
+if redis.call('EXISTS', tag .. ':e:' .. env .. ':{K.ENV_KEYS["config"]}') == 1 then
+  return 'config'
+end
+redis.call('HSETEX', tag .. ':m:' .. env .. ':' .. id, 'FNX', 'FIELDS', 5,
+  '{f["queue"]}', queue, '{f["payload"]}', payload, '{f["score"]}', now,
+  '{f["enqueued_at"]}', now, '{f["state"]}', 'queued')
+redis.call('ZADD', tag .. ':q:' .. env .. ':' .. queue .. ':{K.QUEUE_KEYS["queued"]}', now, id)
+redis.call('ZADD', tag .. ':{K.SHARD_KEYS["heads"]}', 'LT', 'CH', now,
+  '{K.KIND_QUEUE}:' .. env .. ':' .. queue)
+return '40 0 1'
+"""
+
+
+async def _floor_client(n: int, url: str, pid: int) -> int:
+    """``trigger_floor``: the ``trigger`` workload's runs, each one call of the floor
+    script with the arguments the enqueue script gets, on fairq's script connection."""
+    from fairq import Fairq, RetryPolicy
+    from fairq.models import EnqueueRequest
+    from fairq.store.enqueue import enqueue_args
+
+    app = Fairq(env="bench:instructions:run", url=url)
+    app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
+    rq = await app.queue()
+    env, client = app.env, rq._script_client
+    tag = rq.keys.tag_of(env, 0)
+    sha = await rq.client.script_load(floor_script())
+
+    def argv(run_id: str, i: int) -> list[Any]:
+        request = EnqueueRequest(env, "noop", run_id, {"i": i, "t": 0.0})
+        args = enqueue_args(env, "noop", [rq.encode_request(request)])
+        return rq.script_argv("enqueue", "age", args, None)[1]
+
+    for i in range(WARM_OPS * 10):
+        await client.execute_command("EVALSHA", sha, 1, tag, *argv(f"w{i}", i))
+    calls = [argv(f"r{i}", i) for i in range(n)]
+    _instrument(pid, True)
+    for args in calls:
+        await client.execute_command("EVALSHA", sha, 1, tag, *args)
+    _instrument(pid, False)
+    if await rq.client.zcard(rq.keys.queue(env, "noop").queued) != WARM_OPS * 10 + n:
+        raise SystemExit("the floor script did not queue every run")
+    await app.aclose()
+    return n
+
+
+def _dramatiq_client(n: int, url: str, pid: int) -> int:
+    """``dramatiq_send``: Dramatiq's ``send`` of one message per op to its Redis broker."""
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = RedisBroker(url=url)
+    actor = dramatiq.actor(_dramatiq_noop, broker=broker, actor_name="noop", max_retries=0)
+    for i in range(WARM_OPS * 10):
+        actor.send({"i": i, "t": 0.0})
+    _instrument(pid, True)
+    for i in range(n):
+        actor.send({"i": i, "t": 0.0})
+    _instrument(pid, False)
+    broker.close()
+    return n
 
 
 # --------------------------------------------------------------------------- the server

@@ -430,6 +430,11 @@ class Environment:
     def __str__(self) -> str:
         return self.id
 
+    def __hash__(self) -> int:
+        # the id's (a string keeps its hash): environments key the store's maps and every
+        # enqueue's grouping, and the generated hash would hash three fields each time
+        return hash(self.id)
+
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
