@@ -322,8 +322,10 @@ def status_of(reply: Any) -> Status | None:
             raise ScriptProtocolError("script", reply) from None
     if isinstance(reply, bytes):
         # (a one-run reply is one of a few short texts: its status is looked up, not parsed)
-        if reply in _TEXT_STATUS:
+        try:  # (not `in` then a read: another thread may clear the memo between them)
             return _TEXT_STATUS[reply]
+        except KeyError:
+            pass
         status = _leading_status(reply)
         if len(reply) <= MEMO_REPLY_BYTES:
             if len(_TEXT_STATUS) >= MEMO_REPLIES:
