@@ -231,8 +231,7 @@ def floor_script() -> str:
     from fairq import keys as K
     from fairq.store.run_hash import RUN_FIELDS
 
-    f = {name: RUN_FIELDS[name].stored for name in ("queue", "payload", "score")}
-    f.update(enqueued_at=RUN_FIELDS["enqueued_at"].stored, state=RUN_FIELDS["state"].stored)
+    f = {name: field.stored for name, field in RUN_FIELDS.items()}
     return f"""
 local tag, env, queue = KEYS[1], ARGV[3], ARGV[4]
 local t = redis.call('TIME')
@@ -254,12 +253,11 @@ return '40 0 1'
 async def _floor_client(n: int, url: str, pid: int) -> int:
     """``trigger_floor``: the ``trigger`` workload's runs, each one call of the floor
     script with the arguments the enqueue script gets, on fairq's script connection."""
-    from fairq import Fairq, RetryPolicy
+    from fairq import Fairq
     from fairq.models import EnqueueRequest
     from fairq.store.enqueue import enqueue_args
 
     app = Fairq(env="bench:instructions:run", url=url)
-    app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
     rq = await app.queue()
     env, client = app.env, rq._script_client
     tag = rq.keys.tag_of(env, 0)

@@ -11,9 +11,9 @@ from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueStatus
 from fairq.store import _core
 from fairq.store import enqueue as enqueue_mod
-from fairq.store._core import MEMO_REPLIES, status_of
+from fairq.store._core import status_of
 from fairq.store.enqueue import enqueue_results
-from fairq.store.status import Status
+from fairq.store.status import ReplyMemo, Status
 
 ENV = Environment("o", "p", "e")
 
@@ -40,7 +40,7 @@ def test_several_runs_and_a_long_reply() -> None:
     assert [r.status for r in results] == [
         EnqueueStatus.ENQUEUED if i % 2 else EnqueueStatus.DUPLICATE for i in range(40)
     ]
-    assert reply not in enqueue_mod._PARSED_REPLIES  # longer than MEMO_REPLY_BYTES
+    assert reply not in enqueue_mod._PARSED_REPLIES  # longer than ReplyMemo.MEMO_BYTES
 
 
 def test_refusals_hold_on_every_call() -> None:
@@ -64,8 +64,8 @@ def test_the_leading_status_of_texts_and_lists() -> None:
 
 
 def test_the_memos_stay_bounded() -> None:
-    for i in range(MEMO_REPLIES + 10):
+    for i in range(ReplyMemo.MEMO_SIZE + 10):
         status_of(f"40 {i} 1".encode())
         enqueue_results([request("a")], f"40 {i} 1".encode())
-    assert len(_core._TEXT_STATUS) <= MEMO_REPLIES
-    assert len(enqueue_mod._PARSED_REPLIES) <= MEMO_REPLIES
+    assert len(_core._TEXT_STATUS) <= ReplyMemo.MEMO_SIZE
+    assert len(enqueue_mod._PARSED_REPLIES) <= ReplyMemo.MEMO_SIZE

@@ -38,7 +38,7 @@ from fairq.store.cluster_routing import route_fcall_by_keys
 from fairq.store.context import ScriptContext
 from fairq.store.placement import Placement, PlacementCache
 from fairq.store.scripts import Order, Script, ScriptRegistry, registry
-from fairq.store.status import Status, decode
+from fairq.store.status import ReplyMemo, Status, decode
 from fairq.store.wire import script_wire
 
 T = TypeVar("T")
@@ -321,17 +321,7 @@ def status_of(reply: Any) -> Status | None:
         except (TypeError, ValueError):
             raise ScriptProtocolError("script", reply) from None
     if isinstance(reply, bytes):
-        # (a one-run reply is one of a few short texts: its status is looked up, not parsed)
-        try:  # (not `in` then a read: another thread may clear the memo between them)
-            return _TEXT_STATUS[reply]
-        except KeyError:
-            pass
-        status = _leading_status(reply)
-        if len(reply) <= MEMO_REPLY_BYTES:
-            if len(_TEXT_STATUS) >= MEMO_REPLIES:
-                _TEXT_STATUS.clear()
-            _TEXT_STATUS[reply] = status
-        return status
+        return _TEXT_STATUS(reply)
     if isinstance(reply, str):
         return _leading_status(reply)
     return None
@@ -347,9 +337,5 @@ def _leading_status(reply: bytes | str) -> Status | None:
     return None
 
 
-#: Short text replies are memoised by their bytes (a one-run enqueue's reply is one of a
-#: few texts: parsing it again on every call cost about 1.5 µs): the longest kept, and
-#: how many (all forgotten at once when full).
-MEMO_REPLY_BYTES: Final = 32
-MEMO_REPLIES: Final = 256
-_TEXT_STATUS: dict[bytes, Status | None] = {}
+#: The whole-call status of short text replies (a one-run enqueue's), looked up.
+_TEXT_STATUS: Final = ReplyMemo[Status | None](_leading_status)

@@ -17,9 +17,9 @@ from fairq.errors import (
 from fairq.keys import Environment
 from fairq.models import EnqueueRequest, EnqueueResult, EnqueueStatus
 from fairq.store import validate
-from fairq.store._core import MEMO_REPLIES, MEMO_REPLY_BYTES, StoreCore
+from fairq.store._core import StoreCore
 from fairq.store.run_hash import KEEP_OUTCOME
-from fairq.store.status import Status, decode
+from fairq.store.status import ReplyMemo, Status, decode
 
 #: Script calls one enqueue_many keeps in flight at once (bounds connections used).
 MAX_CONCURRENT_CALLS: Final = 8
@@ -66,7 +66,7 @@ def enqueue_reply(reply: Any) -> list[bytes]:
 
 def enqueue_results(requests: Sequence[EnqueueRequest], reply: Any) -> list[EnqueueResult]:
     """Each run's result from an enqueue script's reply."""
-    limit, statuses = _parsed_reply(reply)
+    limit, statuses = _PARSED_REPLIES(reply) if isinstance(reply, bytes) else _parsed_reply(reply)
     if len(requests) == 1 and len(statuses) == 1:  # (one run: no zip)
         return [EnqueueResult(requests[0].run_id, statuses[0], limit)]
     return [
@@ -76,22 +76,14 @@ def enqueue_results(requests: Sequence[EnqueueRequest], reply: Any) -> list[Enqu
 
 
 def _parsed_reply(reply: Any) -> tuple[int, tuple[EnqueueStatus, ...]]:
-    """The size limit and the runs' statuses of an enqueue reply, checked; a short reply
-    (one or a few runs) is parsed once and then looked up by its bytes."""
-    parsed = _PARSED_REPLIES.get(reply) if isinstance(reply, bytes) else None
-    if parsed is not None:
-        return parsed
+    """The size limit and the runs' statuses of an enqueue reply, checked."""
     words = enqueue_reply(reply)
     decode("enqueue", words[0])
-    parsed = (int(words[1]), tuple(_STATUS[decode("enqueue", code)] for code in words[2:]))
-    if isinstance(reply, bytes) and len(reply) <= MEMO_REPLY_BYTES:
-        if len(_PARSED_REPLIES) >= MEMO_REPLIES:
-            _PARSED_REPLIES.clear()
-        _PARSED_REPLIES[reply] = parsed
-    return parsed
+    return int(words[1]), tuple(_STATUS[decode("enqueue", code)] for code in words[2:])
 
 
-_PARSED_REPLIES: dict[bytes, tuple[int, tuple[EnqueueStatus, ...]]] = {}
+#: The parsed short replies (one or a few runs), looked up by their bytes.
+_PARSED_REPLIES: Final = ReplyMemo(_parsed_reply)
 
 
 _Pending = list[tuple[EnqueueRequest, list[str], "asyncio.Future[EnqueueResult]"]]

@@ -10,7 +10,8 @@ allowed to return. :data:`REPLIES` lists, per operation, the statuses it may ret
 from __future__ import annotations
 
 import enum
-from typing import Final
+from collections.abc import Callable
+from typing import Final, Generic, TypeVar
 
 from fairq.errors import ScriptProtocolError
 
@@ -113,6 +114,42 @@ def decode(operation: str, code: object) -> Status:
     if status not in REPLIES[operation]:
         raise ScriptProtocolError(operation, code)
     return status
+
+
+V = TypeVar("V")
+
+
+class ReplyMemo(Generic[V]):
+    """What short text replies parse to, kept by their bytes: a one-run call's reply is
+    one of a few texts, and parsing it again on every call cost more than a lookup. Only
+    replies of at most MEMO_BYTES are kept, at most MEMO_SIZE of them (all forgotten at
+    once when full); a reply whose parse raises is not kept, so it raises on every call.
+    """
+
+    MEMO_BYTES: Final = 32
+    MEMO_SIZE: Final = 256
+
+    def __init__(self, parse: Callable[[bytes], V]) -> None:
+        self._parse = parse
+        self._values: dict[bytes, V] = {}
+
+    def __call__(self, reply: bytes) -> V:
+        try:  # (one lookup: another thread may clear the memo between two)
+            return self._values[reply]
+        except KeyError:
+            pass
+        value = self._parse(reply)
+        if len(reply) <= self.MEMO_BYTES:
+            if len(self._values) >= self.MEMO_SIZE:
+                self._values.clear()
+            self._values[reply] = value
+        return value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __contains__(self, reply: object) -> bool:
+        return reply in self._values
 
 
 def lua_status_table() -> str:

@@ -559,8 +559,10 @@ do
     -- the flows in name order (registered in that order), then the floor member (one
     -- flow, most probes: the list made whole, nothing to sort)
     local first = next(disc)
-    local names, n = {first, KEY_FLOOR_MEMBER}, 1
-    if next(disc, first) ~= nil then
+    local names, n
+    if next(disc, first) == nil then
+      names, n = {first, KEY_FLOOR_MEMBER}, 1
+    else
       names = {}
       for flow in pairs(disc) do names[#names + 1] = flow end
       n = #names
