@@ -75,8 +75,8 @@ def tenant_key_state(
     if solo is None:
         return keys, floor
     assert not key_set, f"tenant {tenant!r} has both a key set {keys} and a solo entry"
-    floor_text, tag_text, flow = s(solo).split(" ", 2)
-    return {flow: float(tag_text)}, float(floor_text)
+    floor, tag, flow = K.parse_solo_entry(solo)
+    return {flow: tag}, floor
 
 
 async def _tenant_key_state(
@@ -107,10 +107,8 @@ async def set_tenant_keys(
     encoded = K.encode_tenant(tenant)
     solo = await rq.client.hget(q.solo_keys, encoded)  # type: ignore[misc]
     if solo is not None:
-        floor_text, tag_text, flow = s(solo).split(" ", 2)
-        await rq.client.zadd(
-            q.tenant_keys(encoded), {K.KEY_FLOOR_MEMBER: float(floor_text), flow: float(tag_text)}
-        )
+        floor, tag, flow = K.parse_solo_entry(solo)
+        await rq.client.zadd(q.tenant_keys(encoded), {K.KEY_FLOOR_MEMBER: floor, flow: tag})
         await rq.client.hdel(q.solo_keys, encoded)  # type: ignore[misc]
     members = {
         m

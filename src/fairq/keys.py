@@ -90,10 +90,10 @@ Per base queue (``B`` = ``T:q:E:Q``, keys ``B:<name>``)
   ckweights    HASH  K -> weight inside its tenant (fair order; sparse, default 1)
   tq           ZSET  tenant -> copy of its virtual tag, for tenants with servable flows
                      here (fair order)
-  tsolo        HASH  named tenant -> ``floor tag flow`` while it has one key in play here
-                     (and had no second since): the key, its virtual tag inside the
-                     tenant and the tenant's key virtual time (fair order; such a tenant
-                     has no key set)
+  tsolo        HASH  named tenant -> its one key while it has one key in play here (and
+                     had no second since): the tenant's key virtual time, the key's
+                     virtual tag inside the tenant and the key (fair order; such a
+                     tenant has no key set; :func:`parse_solo_entry` reads an entry)
   park         HASH  ``t:N`` / ``k:K`` -> tag of a tenant or key taken out of the fair
                      order while gated (at a cap, rate-limited, or only future runs)
   parkdue      ZSET  the same members -> when a time-gated one may return (ms)
@@ -219,6 +219,26 @@ def split_flow(flow: str) -> tuple[str | None, str]:
         return None, ""
     tenant, sep, key = flow.partition(FLOW_TENANT_SEPARATOR)
     return (tenant, key) if sep else (None, flow)
+
+
+#: A ``tsolo`` entry: a zero byte, the key floor and the key's tag (little-endian doubles),
+#: then the key's flow. (Older entries are text, ``floor tag flow``.)
+SOLO_ENTRY: Final = struct.Struct("<Bdd")
+
+
+def parse_solo_entry(raw: bytes | str) -> tuple[float, float, str]:
+    """A ``tsolo`` entry -> (key floor, the key's tag, its flow), in either form."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    if data[:1] == b"\0":
+        _, floor, tag = SOLO_ENTRY.unpack_from(data)
+        return floor, tag, data[SOLO_ENTRY.size :].decode()
+    floor_text, tag_text, flow = data.decode().split(" ", 2)
+    return float(floor_text), float(tag_text), flow
+
+
+def solo_entry(floor: float, tag: float, flow: str) -> bytes:
+    """The ``tsolo`` entry of a key (as the scripts write it)."""
+    return SOLO_ENTRY.pack(0, floor, tag) + flow.encode()
 
 
 #: Per-shard keys: attribute -> suffix (``T:<suffix>``).

@@ -31,7 +31,6 @@ from tests.state import (
     delete_tenant_floor,
     key_floor,
     ready_tenants,
-    s,
     tenant_floor,
     tenant_keys,
     tenant_tags,
@@ -496,14 +495,16 @@ async def test_cold_start_discovery_registers_named_tenants_by_the_join_rules(
     assert sorted(keys_b.values()) == [0.0] * 4 + [1.0] * 5  # 5 served once, from 0
 
 
-async def _tenant_layout(rq: RunQueue, env: Environment, tenant: str) -> tuple[str | None, bool]:
-    """A named tenant's raw entry in the queue's one-key hash (B:tsolo), and whether it
-    has a key set."""
+async def _tenant_layout(
+    rq: RunQueue, env: Environment, tenant: str
+) -> tuple[tuple[float, float, str] | None, bool]:
+    """A named tenant's entry in the queue's one-key hash (B:tsolo: its key floor, its
+    key's tag and the key), and whether it has a key set."""
     q = rq.keys.queue(env, QUEUE)
     encoded = K.encode_tenant(tenant)
     solo = await rq.client.hget(q.solo_keys, encoded)  # type: ignore[misc]
     has_set = await rq.client.exists(q.tenant_keys(encoded)) == 1
-    return (None if solo is None else s(solo)), has_set
+    return (None if solo is None else K.parse_solo_entry(solo)), has_set
 
 
 async def test_a_tenant_with_one_key_is_kept_in_one_hash_until_a_second_key_joins(
@@ -519,12 +520,12 @@ async def test_a_tenant_with_one_key_is_kept_in_one_hash_until_a_second_key_join
     for i in range(4):
         await rq.enqueue(env, QUEUE, f"a{i}", None, concurrency_key="a", tenant="A",
                          available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
-    assert await _tenant_layout(rq, env, "A") == ("0 0 A/a", False)
+    assert await _tenant_layout(rq, env, "A") == ((0.0, 0.0, "A/a"), False)
     batch = await rq.dequeue(3, env=env, queues=[QUEUE], now_ms=NOW)
     await rq.ack(batch, now_ms=NOW)
     assert [d.run_id for d in batch] == ["a0", "a1", "a2"]
     # the key's tag 3 (three quanta), the key floor 2 (the start tag of the last run)
-    assert await _tenant_layout(rq, env, "A") == ("2 3 A/a", False)
+    assert await _tenant_layout(rq, env, "A") == ((2.0, 3.0, "A/a"), False)
     assert await tenant_keys(rq, env, QUEUE, "A") == {"a": 3.0}
     for i in range(2):
         await rq.enqueue(env, QUEUE, f"b{i}", None, concurrency_key="b", tenant="A",
@@ -544,12 +545,36 @@ async def test_a_tenant_with_one_key_is_kept_in_one_hash_until_a_second_key_join
     assert "A" not in await ready_tenants(rq, env, QUEUE)
     await rq.enqueue(env, QUEUE, "c0", None, concurrency_key="c", tenant="A",
                      available_at_ms=T0 + 20, now_ms=T0)  # fmt: skip
-    assert await _tenant_layout(rq, env, "A") == ("3 3 A/c", False)
+    assert await _tenant_layout(rq, env, "A") == ((3.0, 3.0, "A/c"), False)
     assert "A" in await ready_tenants(rq, env, QUEUE)
     assert await rq.cancel(env, "c0", now_ms=NOW) is CancelOutcome.CANCELLED
     assert await _tenant_layout(rq, env, "A") == (None, True)
     assert await key_floor(rq, env, QUEUE, "A") == 3.0
     assert "A" not in await ready_tenants(rq, env, QUEUE)
+
+
+async def test_a_one_key_entry_written_as_text_is_served_and_rewritten(
+    make_queue: Any, env: Environment
+) -> None:
+    """An entry of the one-key hash in the text form an older fairq wrote (``floor tag
+    key``; B's key floor 5 and its key's tag 7.5) is read as it says: the next serve takes
+    the key from 7.5 and writes the entry back in the binary form (key floor 7.5, the
+    start tag of the run served; tag 8.5). A tenant with no entry and no key set reads as
+    neither."""
+    rq = await fair(make_queue)
+    for i in range(2):
+        await rq.enqueue(env, QUEUE, f"b{i}", None, concurrency_key="b", tenant="B",
+                         available_at_ms=T0 + i, now_ms=T0)  # fmt: skip
+    q = rq.keys.queue(env, QUEUE)
+    encoded = K.encode_tenant("B")
+    await rq.client.hset(q.solo_keys, encoded, "5 7.5 " + K.flow_of("b", encoded))  # type: ignore[misc]
+    assert await _tenant_layout(rq, env, "B") == ((5.0, 7.5, "B/b"), False)
+    batch = await rq.dequeue(1, env=env, queues=[QUEUE], now_ms=NOW)
+    assert [d.run_id for d in batch] == ["b0"]
+    raw = await rq.client.hget(q.solo_keys, encoded)  # type: ignore[misc]
+    assert raw == K.solo_entry(7.5, 8.5, "B/b")
+    assert await _tenant_layout(rq, env, "B") == ((7.5, 8.5, "B/b"), False)
+    assert await _tenant_layout(rq, env, "C") == (None, False)
 
 
 async def test_a_key_found_beside_a_lone_key_moves_its_tenant_into_a_key_set(
@@ -566,7 +591,7 @@ async def test_a_key_found_beside_a_lone_key_moves_its_tenant_into_a_key_set(
     age: RunQueue = await make_queue()
     await age.enqueue(env, QUEUE, "b0", None, concurrency_key="b", tenant="A",
                       available_at_ms=T0 + 50, now_ms=T0)  # fmt: skip
-    assert await _tenant_layout(rq, env, "A") == ("0 0 A/a", False)
+    assert await _tenant_layout(rq, env, "A") == ((0.0, 0.0, "A/a"), False)
     batch = await rq.dequeue(3, env=env, queues=[QUEUE], now_ms=NOW)
     assert [d.run_id for d in batch] == ["a0", "b0", "a1"]
     assert await _tenant_layout(rq, env, "A") == (None, True)

@@ -308,3 +308,20 @@ def test_the_lua_key_builders_spell_the_same_names_as_python() -> None:
     tag = schema.tag_of(env)
     assert q.base == f"{tag}:{K.QUEUE_PART}:{env.id}:jobs"
     assert f"tag .. ':{K.QUEUE_PART}:' .. env_id .. ':' .. queue" in lua
+
+
+def test_a_one_key_entry_reads_back_bit_for_bit_and_text_entries_still_read() -> None:
+    """A ``tsolo`` entry holds the key floor and the key's tag exactly (any double, no
+    digits lost) and the flow whole (spaces and non-ASCII included); the text form of an
+    older fairq reads as the same three values."""
+    for floor, tag, flow in [
+        (0.0, 0.0, "A/a"),
+        (1 / 3, 2 / 3 + 1e-12, "t%20x/k y"),
+        (-2.5, 1e300, "ténant/ключ"),
+        (12345678.000000001, 12345679.1, "/"),
+    ]:
+        entry = K.solo_entry(floor, tag, flow)
+        assert entry[:1] == b"\0"
+        assert K.parse_solo_entry(entry) == (floor, tag, flow)
+    assert K.parse_solo_entry(b"2 3 A/a") == (2.0, 3.0, "A/a")
+    assert K.parse_solo_entry("0.33333333333333331 1e+300 A/a b") == (1 / 3, 1e300, "A/a b")

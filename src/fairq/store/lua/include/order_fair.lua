@@ -214,15 +214,22 @@ end
 -- (One table: a library's main chunk may hold at most 200 locals.)
 local SOLO = {}
 do
-  -- The floor, the key's tag and the key of an entry.
+  -- An entry is the floor and the key's tag as two 8-byte doubles (little-endian) after
+  -- a zero byte, then the key: written and read whole, bit for bit, with no digits to
+  -- print or parse ('%.17g' text and its parse were 2 % of a 10-run dequeue + ack of 10
+  -- one-key tenants, measured). An entry written as text ('floor tag key', by an older
+  -- fairq) is read too, and written back in this form by the next serve.
   function SOLO.parse(raw)
+    if string.byte(raw, 1) == 0 then
+      local floor, tag = struct.unpack('<dd', raw, 2)
+      return floor, tag, string.sub(raw, 18)
+    end
     local floor, tag, flow = string.match(raw, '^(%S+) (%S+) (.+)$')
     return tonumber(floor), tonumber(tag), flow
   end
 
-  -- An entry (numbers exactly as a ZADD argument writes them: both layouts keep equal tags).
   function SOLO.value(floor, tag, flow)
-    return string.format('%.17g %.17g %s', floor, tag, flow)
+    return struct.pack('<Bdd', 0, floor, tag) .. flow
   end
 
   function SOLO.read(Q, tenant)

@@ -196,11 +196,7 @@ do
   function E.note_head(p, flow, score)
     if p.Q.named then
       local disc = p.disc
-      if disc == nil then
-        disc = {}
-        p.disc = disc
-      end
-      disc[flow] = score
+      if disc == nil then p.disc = {[flow] = score} else disc[flow] = score end
     elseif not p.simple then
       -- a queue without named tenants: the pair is simple, and this is its flow
       p.simple, p.flow = true, flow
