@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import re
+import struct
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -49,7 +50,7 @@ WARM_OPS = 20
 #: Lua of the runtime around a library: ``redis`` (calls passed to Python), ``bit``,
 #: ``cjson``, and the count hook's tables.
 _RUNTIME = """
-local py_call, py_bit, py_json = ...
+local py_call, py_bit, py_json, py_struct = ...
 redis = {
   call = function(...)
     local value, err = py_call(...)
@@ -72,6 +73,7 @@ redis = {
 }
 bit = py_bit
 cjson = py_json
+struct = py_struct
 LIBRARY_FUNCTIONS = {}
 PROFILE_LINES = {}
 function profile_on(every, chunk)
@@ -130,7 +132,8 @@ class LuaServer:
             }
         )
         cjson = self.lua.table_from({b"encode": self._json_encode})
-        self.lua.execute(_RUNTIME.encode(), self._call, bits, cjson)
+        packing = self.lua.table_from({b"pack": _struct_pack, b"unpack": _struct_unpack})
+        self.lua.execute(_RUNTIME.encode(), self._call, bits, cjson, packing)
 
     def _json_encode(self, value: Any) -> bytes:
         return json.dumps(_from_lua(value), separators=(",", ":")).encode()
@@ -178,6 +181,17 @@ class LuaServer:
 
 def _b(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _struct_pack(fmt: bytes, *values: Any) -> bytes:
+    """The server's ``struct.pack`` for the formats the scripts use (``<``, ``B``, ``d``)."""
+    return struct.pack(fmt.decode(), *values)
+
+
+def _struct_unpack(fmt: bytes, data: bytes, pos: int = 1) -> tuple[Any, ...]:
+    """The server's ``struct.unpack``: the values from 1-based ``pos``, then the next."""
+    layout = struct.Struct(fmt.decode())
+    return (*layout.unpack_from(data, pos - 1), pos + layout.size)
 
 
 def _signed(x: int) -> int:
