@@ -895,15 +895,10 @@ do
     h[n] = v
   end
 
-  function E.heap_pop(h)
-    local n = h.n
-    if n == 0 then return nil end
-    local top, last = h[1], h[n]
-    h[n] = nil
-    n = n - 1
-    h.n = n
-    if n == 0 then return top end
-    local lk, lt, i = last.hk, last.ht, 1
+  -- Pair v goes down from the top of heap h (of n pairs) to its place: the top's key grew
+  -- (it was served), or v is the last pair, moved up as the top leaves (heap_pop).
+  function E.sift_down(h, v, n)
+    local lk, lt, i = v.hk, v.ht, 1
     while true do
       local c = 2 * i
       if c > n then break end
@@ -919,25 +914,36 @@ do
           c, child = c + 1, right
         end
       end
-      -- stop unless the child goes before the last element
+      -- stop unless the child goes before v
       local ck, ct = child.hk, child.ht
       if ck ~= lk then
         if ck > lk then break end
       elseif ct ~= lt then
         if ct > lt then break end
-      elseif not E.pair_less(child, last) then
+      elseif not E.pair_less(child, v) then
         break
       end
       h[i] = child
       i = c
     end
-    h[i] = last
+    h[i] = v
+  end
+
+  -- Remove and return the top pair (nil when empty).
+  function E.heap_pop(h)
+    local n = h.n
+    if n == 0 then return nil end
+    local top, last = h[1], h[n]
+    h[n] = nil
+    n = n - 1
+    h.n = n
+    if n > 0 then E.sift_down(h, last, n) end
     return top
   end
 
   -- Put pair p in the heap keyed by its tenant's tag and its tie now, when it is still in
   -- play (active, its queue not done). (The checks of a pair in play, and of a fresh key,
-  -- are written out here and in pop_best / peek_other: a Lua call per check per pick was
+  -- are written out here and in top_best / peek_other: a Lua call per check per pick was
   -- about a tenth of the fair serve's own work.)
   function E.push_pair(F, p)
     if p.active and not F.qdone[p.Q.OB] then
@@ -946,36 +952,73 @@ do
     end
   end
 
-  -- The best pair in play: one whose key moved since it was pushed goes back in with its
-  -- current key.
-  function E.pop_best(F)
+  -- The best pair in play, left at the top of the heap: a pair out of play leaves it, one
+  -- whose key moved since it was pushed (its tenant was served through another queue)
+  -- goes down with its current key.
+  function E.top_best(F)
     local heap, qdone = F.heap, F.qdone
     while true do
-      local p = E.heap_pop(heap)
+      local p = heap[1]
       if p == nil then return nil end
       if p.active and not qdone[p.Q.OB] then
         local tag, tie = p.ten.tag, p.tie
         if p.hk == tag and p.ht == tie then return p end
         p.hk, p.ht = tag, tie
-        E.heap_push(heap, p)
+        E.sift_down(heap, p, heap.n)
+      else
+        E.heap_pop(heap)
       end
     end
   end
 
-  -- The best pair in play of another tenant than T, left in the heap.
+  -- The pair at the top of the heap, just served: in play, it goes down with its new key
+  -- (one pass, where a pop and a push took two); else it leaves.
+  function E.settle_top(F, p)
+    local heap = F.heap
+    if p.active and not F.qdone[p.Q.OB] then
+      p.hk, p.ht = p.ten.tag, p.tie
+      E.sift_down(heap, p, heap.n)
+    else
+      E.heap_pop(heap)
+    end
+  end
+
+  -- The best pair in play of another tenant than T, whose pair is the heap's top (top_best):
+  -- the better of the top's two children when it is in play, fresh and another tenant's
+  -- (every other pair's pushed key is at least that child's, and keys only grow); else,
+  -- found by popping, all put back.
   function E.peek_other(F, T)
     local heap, qdone = F.heap, F.qdone
-    local top = heap[1]
-    if top ~= nil and top.T ~= T and top.active and not qdone[top.Q.OB]
-        and top.hk == top.ten.tag and top.ht == top.tie then
-      return top
+    local c, right = heap[2], heap[3]
+    if c == nil then return nil end -- (the top is the only pair)
+    if right ~= nil then
+      local rk, ck = right.hk, c.hk
+      if rk ~= ck then
+        if rk < ck then c = right end
+      elseif right.ht ~= c.ht then
+        if right.ht < c.ht then c = right end
+      elseif E.pair_less(right, c) then
+        c = right
+      end
+    end
+    if c.T ~= T and c.active and not qdone[c.Q.OB]
+        and c.hk == c.ten.tag and c.ht == c.tie then
+      return c
     end
     local held, found = {}, nil
     while found == nil do
-      local p = E.pop_best(F)
+      local p = E.heap_pop(heap)
       if p == nil then break end
-      held[#held + 1] = p
-      if p.T ~= T then found = p end
+      if p.active and not qdone[p.Q.OB] then
+        local tag, tie = p.ten.tag, p.tie
+        if p.hk == tag and p.ht == tie then
+          held[#held + 1] = p
+          if p.T ~= T then found = p end
+        else
+          p.hk, p.ht = tag, tie
+          E.heap_push(heap, p)
+        end
+      end
     end
     for i = 1, #held do E.heap_push(heap, held[i]) end
     return found
@@ -1173,7 +1216,7 @@ do
     local plist = F.plist
     for i = 1, #plist do E.push_pair(F, plist[i]) end
     while F.served < F.budget do
-      local p = E.pop_best(F)
+      local p = E.top_best(F)
       if p == nil or p.ten.tag > F.bound then
         F.widen = F.bound < math.huge
         break
@@ -1185,8 +1228,8 @@ do
       if kc ~= nil and kc ~= p.sk then
         if kc.active then p.kmoved = true else p.kat = p.kat + 1 end
       end
-      -- still in play (another of its keys, or its next runs): back in with its new tag
-      E.push_pair(F, p)
+      -- still in play (another of its keys, or its next runs): down with its new tag
+      E.settle_top(F, p)
     end
   end
 
