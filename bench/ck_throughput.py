@@ -30,12 +30,12 @@ from typing import Any
 
 from fairq.config import RunQueueConfig
 from fairq.keys import Environment
-from fairq.models import EnqueueRequest
 from fairq.server import EmbeddedServer, connect
 from fairq.store import RunQueue
+from server_instructions import T0, load_keyed  # type: ignore[import-not-found]
 
+#: The queue load_keyed fills.
 QUEUE = "bench"
-T0 = 1_000_000
 #: The busy-key counts of the --tenants matrix (by default).
 MATRIX_KEYS = (10, 1000, 10_000)
 
@@ -64,13 +64,7 @@ async def loaded_queue(
     config = RunQueueConfig(prefix=prefix, max_per_key_per_call=max_per_key,
                             default_env_concurrency=1000)  # fmt: skip
     rq = RunQueue(await connect(url), config.with_vtime(enabled=fair), rng=random.Random(1))
-    requests = [
-        EnqueueRequest(ENV, QUEUE, f"r{i}", {"i": i}, f"k{i % keys}", available_at_ms=T0 + i,
-                       tenant=f"t{i % keys % tenants}" if tenants else None)
-        for i in range(runs)
-    ]  # fmt: skip
-    for i in range(0, runs, 1000):
-        await rq.enqueue_many(requests[i : i + 1000], now_ms=T0)
+    await load_keyed(rq, ENV, runs, keys, tenants)  # (the same data as the callgrind bench's)
     return rq
 
 

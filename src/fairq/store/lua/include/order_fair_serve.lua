@@ -986,7 +986,7 @@ do
   -- The best pair in play of another tenant than T, whose pair is the heap's top (top_best):
   -- the better of the top's two children when it is in play, fresh and another tenant's
   -- (every other pair's pushed key is at least that child's, and keys only grow); else,
-  -- found by popping, all put back.
+  -- found by taking the best pairs off the top (top_best), all put back.
   function E.peek_other(F, T)
     local heap, qdone = F.heap, F.qdone
     local c, right = heap[2], heap[3]
@@ -1007,18 +1007,10 @@ do
     end
     local held, found = {}, nil
     while found == nil do
-      local p = E.heap_pop(heap)
+      local p = E.top_best(F)
       if p == nil then break end
-      if p.active and not qdone[p.Q.OB] then
-        local tag, tie = p.ten.tag, p.tie
-        if p.hk == tag and p.ht == tie then
-          held[#held + 1] = p
-          if p.T ~= T then found = p end
-        else
-          p.hk, p.ht = tag, tie
-          E.heap_push(heap, p)
-        end
-      end
+      held[#held + 1] = E.heap_pop(heap)
+      if p.T ~= T then found = p end
     end
     for i = 1, #held do E.heap_push(heap, held[i]) end
     return found
