@@ -181,9 +181,10 @@ do
     local p = of_queue[T]
     if p == nil then
       -- every field a simple pair will use, so its table is sized once (copy: the B:tq
-      -- copy of its tag it came with)
+      -- copy of its tag it came with); 16 fields fit without growing it, so the fields
+      -- of a one-key tenant's pair (disc, nd, solo, kf) fit beside these
       p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
-        simple = false, flow = false, copy = copy, sread = false, solo = false, sk = false}
+        simple = false, flow = false, copy = copy, sk = false}
       of_queue[T] = p
       F.plist[#F.plist + 1] = p
     end
@@ -191,12 +192,18 @@ do
   end
 
   -- A ready head the discovery found in flow `flow` of pair p (kept per flow only where
-  -- a pair can hold several flows, a queue with named tenants; elsewhere the flow is the
-  -- pair's one flow, so it needs no load_keys).
+  -- a pair can hold several flows, a queue with named tenants: p.disc, flow -> head, and
+  -- p.nd, how many flows; elsewhere the flow is the pair's one flow, so it needs no
+  -- load_keys).
   function E.note_head(p, flow, score)
     if p.Q.named then
       local disc = p.disc
-      if disc == nil then p.disc = {[flow] = score} else disc[flow] = score end
+      if disc == nil then
+        p.disc, p.nd = {[flow] = score}, 1
+      else
+        if disc[flow] == nil then p.nd = p.nd + 1 end
+        disc[flow] = score
+      end
     elseif not p.simple then
       -- a queue without named tenants: the pair is simple, and this is its flow
       p.simple, p.flow = true, flow
@@ -449,7 +456,7 @@ do
     -- (in such a call, a tenant with discovered flows and a key set is probed first; a
     -- probe that did not load the pair leaves what it read in `probed`)
     local probe, probed = width < KEYS_LOADED and p.disc ~= nil, nil
-    if not (p.sread or E.one_flow(p)) then
+    if p.solo == nil and (p.nd or 0) > 1 then
       if probe then
         local loaded
         loaded, entries, probed = E.probe_keys(F, p)
@@ -461,7 +468,7 @@ do
     end
     if entries == nil or #entries == 0 then
       -- (a queue known to keep no B:tsolo entry: no call)
-      if not (p.sread or (X.solo_none and X.solo_none[Q.OB])) then E.read_solo(F, p) end
+      if not (p.solo ~= nil or (X.solo_none and X.solo_none[Q.OB])) then E.read_solo(F, p) end
       if p.solo then
         if E.load_solo(F, p, width) then return end
         -- discovery found a flow its entry does not name (it joins): a key set from now on
@@ -502,7 +509,7 @@ do
       end
     end
     local missing = nil
-    if disc and not (listed == 1 and next(disc, (next(disc))) == nil) then
+    if disc and not (listed == 1 and p.nd == 1) then
       missing = E.unread(disc, entries)
     end
     local found = E.NONE
@@ -552,8 +559,7 @@ do
   function E.probe_keys(F, p)
     local X, Q, disc = F.X, p.Q, p.disc
     local kk = E.key_set(p)
-    local first = next(disc)
-    if next(disc, first) == nil then return E.probe_one_key(F, p, kk, first) end
+    if p.nd == 1 then return E.probe_one_key(F, p, kk, (next(disc))) end
     -- the flows in name order (registered in that order), then the floor member
     local names = {}
     for flow in pairs(disc) do names[#names + 1] = flow end
@@ -618,9 +624,10 @@ do
     E.append(F, 'loaded', p)
   end
 
-  -- The B:tsolo entries (p.solo; false: none, its keys are in its key set, if any) of
-  -- pair p, about to load its keys, and of the next pairs of its queue not read yet, as
-  -- many as the call may still serve: one read for the pairs most calls serve.
+  -- The B:tsolo entries (p.solo, nil until read; false: none, its keys are in its key
+  -- set, if any) of pair p, about to load its keys, and of the next pairs of its queue
+  -- not read yet, as many as the call may still serve: one read for the pairs most calls
+  -- serve.
   function E.read_solo(F, p)
     local Q = p.Q
     -- a queue whose named tenants all have key sets (several keys each): one probe a call
@@ -638,7 +645,7 @@ do
     for i = 1, #plist do
       if n >= room then break end
       local o = plist[i]
-      if not o.sread and o.Q == Q and o ~= p and E.one_flow(o) then
+      if o.solo == nil and o.Q == Q and o ~= p and (o.nd or 0) <= 1 then
         n = n + 1
         of[n], names[n] = o, o.T
       end
@@ -646,14 +653,8 @@ do
     local raw = call_list('HMGET', queue_key(Q.OB, 'solo_keys'), names)
     for j = 1, n do
       local o = of[j]
-      o.sread, o.solo = true, raw[j]
+      o.solo = raw[j]
     end
-  end
-
-  -- Whether discovery found at most one flow of pair p.
-  function E.one_flow(p)
-    local disc = p.disc
-    return disc == nil or next(disc, (next(disc))) == nil
   end
 
   -- Pair p's tenant has one key in play (p.solo, its B:tsolo entry): the pair's one key
@@ -668,7 +669,7 @@ do
   function E.load_solo(F, p, width)
     local floor, tag, flow = SOLO.parse(p.solo)
     local disc = p.disc
-    if disc and (next(disc) ~= flow or next(disc, flow) ~= nil) then return false end
+    if disc and (p.nd > 1 or disc[flow] == nil) then return false end
     if tag < floor then tag = floor end
     local Q = p.Q
     local k = {flow = flow, tag = tag, tie = disc and disc[flow] or math.huge, active = true,
@@ -900,16 +901,25 @@ do
     return a.Q.name < b.Q.name
   end
 
-  -- Place pair p (its key hk, ht set) in the line: at the end or at the front after one
-  -- comparison each; else after a binary search, the shorter side moved by one.
+  -- Place pair p (its key hk, ht set) in the line: at the end after one comparison (the
+  -- tag and the tie written out: most placements end there), else line_insert.
   function E.line_place(line, p)
     local lo, hi = line.lo, line.hi
-    local last = hi >= lo and line[hi]
-    if not last or p.hk > last.hk or not E.pair_less(p, last) then
-      line[hi + 1] = p
-      line.hi = hi + 1
-      return
+    if hi >= lo then
+      local last, k = line[hi], p.hk
+      local lk = last.hk
+      if k < lk or (k == lk and (p.ht < last.ht
+          or (p.ht == last.ht and E.pair_less(p, last)))) then
+        return E.line_insert(line, p, lo, hi)
+      end
     end
+    line[hi + 1] = p
+    line.hi = hi + 1
+  end
+
+  -- Pair p goes before the last of the line's pairs lo .. hi: at the front after one
+  -- comparison; else after a binary search, the shorter side moved by one.
+  function E.line_insert(line, p, lo, hi)
     if E.pair_less(p, line[lo]) then
       line[lo - 1] = p
       line.lo = lo - 1
