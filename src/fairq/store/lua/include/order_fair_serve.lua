@@ -143,7 +143,7 @@ do
       served_of = E.NONE,  -- B|flow -> runs claimed in this call (for max_per_key)
       loaded = E.NONE,     -- the pairs whose key sets this call read (load_keys)
       lenders = E.NONE,    -- {p, flow, kc} held back by a cap of a queue that lends
-      line = false,        -- the pairs in play by (tenant tag, tie, names): E.line_place
+      heap = false,        -- the active pairs by (tenant tag, tie, names); see serve_round
       widths = {},         -- B -> how many of its B:tq entries the gathers read (see gather)
       bounds = {},         -- B -> no pair of B:tq it did not read has a lower copy
       bound = math.huge,   -- the least of the last gather's bounds (see serve_round)
@@ -880,17 +880,11 @@ do
     return least
   end
 
-  -- ------------------------------------------------------------------ the pair line
+  -- ------------------------------------------------------------------ the pair heap
 
-  -- The pairs in play wait in a line sorted by (tenant tag, tie, names), each at most
-  -- once, the best first: F.line, its pairs from line.lo to line.hi. A pair carries the
-  -- key it was placed with (hk, ht). Keys only grow, so the line's order holds for every
-  -- pair's current key up to the first whose key moved since it was placed (its tenant was
-  -- served through another queue): that one is placed again when it comes to the front.
-  -- A pair just served leaves the front and goes back where its new key places it. In a
-  -- call where tenants take turns that is the end of the line, one comparison; so a pick
-  -- reads a few fields where a heap walked its levels twice (0.4 - 0.7 % of the server's
-  -- work in a fair dequeue + ack, measured).
+  -- The active pairs are in a heap by (tenant tag, tie, names), each at most once. A pair
+  -- carries the key it was pushed with (hk, ht); one whose key moved since (its tenant
+  -- was served through another queue) goes back in with its current key when it comes up.
   function E.pair_less(a, b)
     local x, y = a.hk, b.hk
     if x ~= y then return x < y end
@@ -901,107 +895,149 @@ do
     return a.Q.name < b.Q.name
   end
 
-  -- Place pair p (its key hk, ht set) in the line: at the end after one comparison (the
-  -- tag and the tie written out: most placements end there), else line_insert.
-  function E.line_place(line, p)
-    local lo, hi = line.lo, line.hi
-    if hi >= lo then
-      local last, k = line[hi], p.hk
-      local lk = last.hk
-      if k < lk or (k == lk and (p.ht < last.ht
-          or (p.ht == last.ht and E.pair_less(p, last)))) then
-        return E.line_insert(line, p, lo, hi)
+  -- The pair heap's push and pop: heap.lua's, with pair_less written out for the tag and
+  -- the tie, the keys that settle nearly every comparison (a Lua call per comparison was
+  -- 2 % of a fair dequeue + ack with own keys, measured; the names go to pair_less).
+  function E.heap_push(h, v)
+    local n = h.n + 1
+    h.n = n
+    local vk, vt = v.hk, v.ht
+    while n > 1 do
+      local parent = (n - n % 2) / 2
+      local above = h[parent]
+      local ak, at = above.hk, above.ht
+      if vk ~= ak then
+        if vk > ak then break end
+      elseif vt ~= at then
+        if vt > at then break end
+      elseif not E.pair_less(v, above) then
+        break
       end
+      h[n] = above
+      n = parent
     end
-    line[hi + 1] = p
-    line.hi = hi + 1
+    h[n] = v
   end
 
-  -- Pair p goes before the last of the line's pairs lo .. hi: at the front after one
-  -- comparison; else after a binary search, the shorter side moved by one.
-  function E.line_insert(line, p, lo, hi)
-    if E.pair_less(p, line[lo]) then
-      line[lo - 1] = p
-      line.lo = lo - 1
-      return
-    end
-    -- p goes after line[lo] and before line[hi]: before line[a], the first it goes before
-    local a, b = lo + 1, hi
-    while a < b do
-      local mid = (a + b - (a + b) % 2) / 2
-      if E.pair_less(p, line[mid]) then b = mid else a = mid + 1 end
-    end
-    if a - lo < hi - a + 1 then
-      for j = lo, a - 1 do line[j - 1] = line[j] end
-      line[a - 1] = p
-      line.lo = lo - 1
-    else
-      for j = hi, a, -1 do line[j + 1] = line[j] end
-      line[a] = p
-      line.hi = hi + 1
-    end
-  end
-
-  -- The best pair in play, left at the front of the line: a pair out of play leaves it,
-  -- one whose key moved since it was placed is placed again with its current key. (The
-  -- checks of a pair in play, and of a fresh key, are written out here and in line_other:
-  -- a Lua call per check per pick was about a tenth of the fair serve's own work.)
-  function E.line_best(F)
-    local line, qdone = F.line, F.qdone
+  -- Pair v goes down from the top of heap h (of n pairs) to its place: the top's key grew
+  -- (it was served), or v is the last pair, moved up as the top leaves (heap_pop).
+  function E.sift_down(h, v, n)
+    local lk, lt, i = v.hk, v.ht, 1
     while true do
-      local lo = line.lo
-      if lo > line.hi then return nil end
-      local p = line[lo]
+      local c = 2 * i
+      if c > n then break end
+      local child = h[c]
+      if c < n then
+        local right = h[c + 1]
+        local rk, ck = right.hk, child.hk
+        if rk ~= ck then
+          if rk < ck then c, child = c + 1, right end
+        elseif right.ht ~= child.ht then
+          if right.ht < child.ht then c, child = c + 1, right end
+        elseif E.pair_less(right, child) then
+          c, child = c + 1, right
+        end
+      end
+      -- stop unless the child goes before v
+      local ck, ct = child.hk, child.ht
+      if ck ~= lk then
+        if ck > lk then break end
+      elseif ct ~= lt then
+        if ct > lt then break end
+      elseif not E.pair_less(child, v) then
+        break
+      end
+      h[i] = child
+      i = c
+    end
+    h[i] = v
+  end
+
+  -- Remove and return the top pair (nil when empty).
+  function E.heap_pop(h)
+    local n = h.n
+    if n == 0 then return nil end
+    local top, last = h[1], h[n]
+    h[n] = nil
+    n = n - 1
+    h.n = n
+    if n > 0 then E.sift_down(h, last, n) end
+    return top
+  end
+
+  -- Put pair p in the heap keyed by its tenant's tag and its tie now, when it is still in
+  -- play (active, its queue not done). (The checks of a pair in play, and of a fresh key,
+  -- are written out here and in top_best / peek_other: a Lua call per check per pick was
+  -- about a tenth of the fair serve's own work.)
+  function E.push_pair(F, p)
+    if p.active and not F.qdone[p.Q.OB] then
+      p.hk, p.ht = p.ten.tag, p.tie
+      E.heap_push(F.heap, p)
+    end
+  end
+
+  -- The best pair in play, left at the top of the heap: a pair out of play leaves it, one
+  -- whose key moved since it was pushed (its tenant was served through another queue)
+  -- goes down with its current key.
+  function E.top_best(F)
+    local heap, qdone = F.heap, F.qdone
+    while true do
+      local p = heap[1]
+      if p == nil then return nil end
       if p.active and not qdone[p.Q.OB] then
         local tag, tie = p.ten.tag, p.tie
         if p.hk == tag and p.ht == tie then return p end
-        line.lo = lo + 1
         p.hk, p.ht = tag, tie
-        E.line_place(line, p)
+        E.sift_down(heap, p, heap.n)
       else
-        line.lo = lo + 1
+        E.heap_pop(heap)
       end
     end
   end
 
-  -- The pair at the front of the line, just served: in play, it goes back with its new
-  -- key (most often to the end); else it leaves.
-  function E.line_settle(F, p)
-    local line = F.line
-    line.lo = line.lo + 1
+  -- The pair at the top of the heap, just served: in play, it goes down with its new key
+  -- (one pass, where a pop and a push took two); else it leaves.
+  function E.settle_top(F, p)
+    local heap = F.heap
     if p.active and not F.qdone[p.Q.OB] then
       p.hk, p.ht = p.ten.tag, p.tie
-      E.line_place(line, p)
+      E.sift_down(heap, p, heap.n)
+    else
+      E.heap_pop(heap)
     end
   end
 
-  -- The best pair in play of another tenant than T, whose pair is at the front
-  -- (line_best), by current keys: the next pair when it is in play, fresh and another
-  -- tenant's (every pair after it has a key at least its own); else the best found
-  -- walking the line until a pair's placed key passes the best current key seen.
-  function E.line_other(F, T)
-    local line, qdone = F.line, F.qdone
-    local lo, hi = line.lo + 1, line.hi
-    if lo > hi then return nil end
-    local q = line[lo]
-    if q.T ~= T and q.active and not qdone[q.Q.OB]
-        and q.hk == q.ten.tag and q.ht == q.tie then
-      return q
-    end
-    local best, bk, bt = nil, 0, 0 -- the best so far and its current key
-    for i = lo, hi do
-      q = line[i]
-      -- (every pair from here on has a current key at least q's placed one)
-      if best and (q.hk > bk or (q.hk == bk and q.ht > bt)) then break end
-      if q.T ~= T and q.active and not qdone[q.Q.OB] then
-        local tag, tie = q.ten.tag, q.tie
-        if not best or tag < bk or (tag == bk and (tie < bt or (tie == bt
-            and (q.T < best.T or (q.T == best.T and q.Q.name < best.Q.name))))) then
-          best, bk, bt = q, tag, tie
-        end
+  -- The best pair in play of another tenant than T, whose pair is the heap's top (top_best):
+  -- the better of the top's two children when it is in play, fresh and another tenant's
+  -- (every other pair's pushed key is at least that child's, and keys only grow); else,
+  -- found by taking the best pairs off the top (top_best), all put back.
+  function E.peek_other(F, T)
+    local heap, qdone = F.heap, F.qdone
+    local c, right = heap[2], heap[3]
+    if c == nil then return nil end -- (the top is the only pair)
+    if right ~= nil then
+      local rk, ck = right.hk, c.hk
+      if rk ~= ck then
+        if rk < ck then c = right end
+      elseif right.ht ~= c.ht then
+        if right.ht < c.ht then c = right end
+      elseif E.pair_less(right, c) then
+        c = right
       end
     end
-    return best
+    if c.T ~= T and c.active and not qdone[c.Q.OB]
+        and c.hk == c.ten.tag and c.ht == c.tie then
+      return c
+    end
+    local held, found = {}, nil
+    while found == nil do
+      local p = E.top_best(F)
+      if p == nil then break end
+      held[#held + 1] = E.heap_pop(heap)
+      if p.T ~= T then found = p end
+    end
+    for i = 1, #held do E.heap_push(heap, held[i]) end
+    return found
   end
 
   -- ------------------------------------------------------------------ phase: serve a round
@@ -1191,32 +1227,25 @@ do
   -- left; or until the best pair's tag passes what the gather read (F.bound) or nobody is
   -- left while a queue was not read to its end: then it sets F.widen (read more first).
   function E.serve_round(F)
-    local line, qdone = {lo = 1, hi = 0}, F.qdone
-    F.line = line
+    F.heap = {n = 0}
     F.widen = false
     local plist = F.plist
-    for i = 1, #plist do
-      local p = plist[i]
-      if p.active and not qdone[p.Q.OB] then
-        p.hk, p.ht = p.ten.tag, p.tie
-        E.line_place(line, p)
-      end
-    end
+    for i = 1, #plist do E.push_pair(F, plist[i]) end
     while F.served < F.budget do
-      local p = E.line_best(F)
+      local p = E.top_best(F)
       if p == nil or p.ten.tag > F.bound then
         F.widen = F.bound < math.huge
         break
       end
-      local kc = E.serve_pick(F, p, E.line_other(F, p.T))
+      local kc = E.serve_pick(F, p, E.peek_other(F, p.T))
       -- the key just picked (keys[p.kat]): when it is still in play (its tag and tie
       -- moved), it goes to its new place before the pair's next pick (key_settle: most
       -- pairs are picked once per call); else the keys in play start after it
       if kc ~= nil and kc ~= p.sk then
         if kc.active then p.kmoved = true else p.kat = p.kat + 1 end
       end
-      -- still in play (another of its keys, or its next runs): back in line with its new tag
-      E.line_settle(F, p)
+      -- still in play (another of its keys, or its next runs): down with its new tag
+      E.settle_top(F, p)
     end
   end
 
