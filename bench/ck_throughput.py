@@ -173,23 +173,26 @@ async def tenant_matrix(
         for tenants in (0, 1, 100):
             pairs: list[dict[bool, dict[str, Any]]] = []
             for rep in range(reps):
-                pair = {}
+                pair: dict[bool, dict[str, Any]] = {}
                 if interleave:
                     n += 1
                     speeds = await interleaved(
                         url, f"ti{n}x{random.randrange(10**6)}", keys=keys,
                         runs=max(runs, keys), max_count=max_count, tenants=tenants,
                     )  # fmt: skip
-                    pair = {fair: {"runs_per_second": round(speeds[fair]),
-                                   "commands_per_run": None} for fair in (False, True)}  # fmt: skip
-                # which order runs first alternates, so a drift of the machine's speed
-                # within a pair does not favour either
-                for fair in () if interleave else (False, True) if rep % 2 == 0 else (True, False):
-                    n += 1
-                    pair[fair] = await measure(
-                        url, f"tm{n}x{random.randrange(10**6)}", keys=keys, max_per_key=None,
-                        fair=fair, runs=max(runs, keys), max_count=max_count, tenants=tenants,
-                    )  # fmt: skip
+                    for fair in (False, True):
+                        pair[fair] = {"runs_per_second": round(speeds[fair]),
+                                      "commands_per_run": None}  # fmt: skip
+                else:
+                    # which order runs first alternates, so a drift of the machine's speed
+                    # within a pair does not favour either
+                    for fair in (False, True) if rep % 2 == 0 else (True, False):
+                        n += 1
+                        pair[fair] = await measure(
+                            url, f"tm{n}x{random.randrange(10**6)}", keys=keys,
+                            max_per_key=None, fair=fair, runs=max(runs, keys),
+                            max_count=max_count, tenants=tenants,
+                        )  # fmt: skip
                 pairs.append(pair)
             ratios = sorted(p[True]["runs_per_second"] / p[False]["runs_per_second"] for p in pairs)
             rows.append(

@@ -468,7 +468,7 @@ do
     end
     if entries == nil or #entries == 0 then
       -- (a queue known to keep no B:tsolo entry: no call)
-      if not (p.solo ~= nil or (X.solo_none and X.solo_none[Q.OB])) then E.read_solo(F, p) end
+      if p.solo == nil and not (X.solo_none and X.solo_none[Q.OB]) then E.read_solo(F, p) end
       if p.solo then
         if E.load_solo(F, p, width) then return end
         -- discovery found a flow its entry does not name (it joins): a key set from now on
