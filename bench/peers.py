@@ -31,6 +31,14 @@ Columns (jobs/s unless noted; N no-op jobs, payload ``{"i": i, "t": 0.0}``):
   with ``--latency-pause-ms`` between them; latency = task start minus the moment just
   before the enqueue call (``time.monotonic``, one clock for every process).
 
+One more system, ``floor``, is fairq's own lower bound, not a peer: fairq's enqueue cut to
+the five commands its key layout must run per job (``FloorSide``), drained by fairq's
+worker. It runs in the ``enqueue``, ``drain1`` (so ``cmds`` / ``cpu`` / ``mem``) and
+end-to-end trials, beside the others; its ratio to the best peer is what no enqueue of
+this layout can beat on this machine. The end-to-end columns have a second bound, printed
+under the table: one producer awaits each enqueue, so a system's end-to-end rate cannot
+pass its ``enqueue`` column's.
+
 Comparable settings: ``--concurrency`` (8) runs in flight per worker process for each
 system (fairq ``Worker(concurrency=8)``, Dramatiq ``worker_threads=8``, SAQ
 ``concurrency=8``), async tasks for fairq and SAQ, a plain function for Dramatiq (its
@@ -77,7 +85,9 @@ from typing import Any
 
 #: This script, run again as each worker process.
 SCRIPT = os.path.abspath(__file__)
-SYSTEMS = ("fairq", "dramatiq", "saq")
+SYSTEMS = ("fairq", "dramatiq", "saq", "floor")
+#: The systems fairq is compared with ("floor" is fairq's own lower bound, not a peer).
+PEERS = ("dramatiq", "saq")
 #: The environment (fairq) / queue name every system uses.
 ENV = "bench:peers:run"
 QUEUE = "noop"
@@ -118,6 +128,9 @@ TRIALS = ("enqueue", "async100", "threads8", "drain1", "drain2", "e2e1", "e2e2",
 TRIAL_SYSTEMS: dict[str, tuple[str, ...]] = {
     "async100": ("fairq", "saq"),  # Dramatiq's send is blocking
     "threads8": ("fairq", "dramatiq"),  # SAQ has no blocking enqueue
+    # the floor changes the enqueue only: its drain, pickup and batching are fairq's
+    "drain2": ("fairq", "dramatiq", "saq"),
+    "latency": ("fairq", "dramatiq", "saq"),
 }
 WORKERS_PER_TRIAL = {"drain1": 1, "drain2": 2, "e2e1": 1, "e2e2": 2, "latency": 1}
 
@@ -273,10 +286,42 @@ class SaqSide(Side):
         await self.queue.disconnect()
 
 
+class FloorSide(FairqSide):
+    """fairq's enqueue at its floor: each job one call of a script that runs only the five
+    commands a keyless enqueue must (the clock, the config probe, the run's hash, its
+    place in the queue, the queue's head; and the wake-up hint when the queue was empty;
+    ``bench/server_instructions.py``'s ``floor_script``), with no check, state or option,
+    on the same connection and key names; fairq's own worker drains what it queued. What
+    no enqueue of this key layout can go below, measured beside the others in the same
+    trials."""
+
+    name = "floor"
+
+    async def open(self) -> None:
+        from server_instructions import floor_script  # type: ignore[import-not-found]
+
+        await super().open()
+        self.rq = await self.app.queue()
+        self.tag = self.rq.keys.tag_of(self.app.env, 0)
+        self.sha = await self.rq.client.script_load(floor_script(self.rq.keys.wake_channel))
+
+    async def enqueue(self, data: dict[str, Any]) -> None:
+        from fairq.models import EnqueueRequest
+        from fairq.store.enqueue import enqueue_args
+        from fairq.tasks import new_run_id
+
+        env, rq = self.app.env, self.rq
+        request = EnqueueRequest(env, QUEUE, new_run_id(), data)
+        args = enqueue_args(env, QUEUE, [rq.encode_request(request)])
+        argv = rq.script_argv("enqueue", "age", args, None)[1]
+        await rq._script_client.execute_command("EVALSHA", self.sha, 1, self.tag, *argv)
+
+
 SIDES: dict[str, Callable[[str], Side]] = {
     "fairq": FairqSide,
     "dramatiq": DramatiqSide,
     "saq": SaqSide,
+    "floor": FloorSide,
 }
 
 
@@ -383,7 +428,7 @@ def child_main(argv: list[str]) -> None:
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     extra: dict[str, Any]
-    if system == "fairq":
+    if system in ("fairq", "floor"):
         extra = asyncio.run(_child_fairq(url, concurrency, proto))
     elif system == "saq":
         extra = asyncio.run(_child_saq(url, concurrency, proto))
@@ -881,16 +926,18 @@ def ratio(column: Column, medians: dict[str, dict[str, float | None]]) -> dict[s
     peers = {
         name: m[column.key]
         for name, m in medians.items()
-        if name != "fairq" and m.get(column.key) is not None
+        if name in PEERS and m.get(column.key) is not None
     }
     if mine is None or not peers:
-        return {"fairq_over_best_peer": None, "best_peer": None}
+        return {"fairq_over_best_peer": None, "best_peer": None, "floor_over_best_peer": None}
     pick = max if column.better == HIGHER else min
     best = pick(peers, key=lambda k: peers[k])  # type: ignore[arg-type]
     value = peers[best]
+    floor = medians.get("floor", {}).get(column.key)
     return {
         "fairq_over_best_peer": round(mine / value, 3) if value else None,
         "best_peer": best,
+        "floor_over_best_peer": round(floor / value, 3) if value and floor else None,
     }
 
 
@@ -901,12 +948,31 @@ def round_trip_limit(
     the PING rate of its client (fairq's lean connection, redis-py's asyncio client for
     SAQ, its blocking client for Dramatiq)."""
     pings = {k: median(v) for k, v in ping_raw.items()}
-    client = {"fairq": "wire", "saq": "async", "dramatiq": "blocking"}
+    client = {"fairq": "wire", "floor": "wire", "saq": "async", "dramatiq": "blocking"}
     shares: dict[str, float | None] = {}
     for system, figures in medians.items():
         rate, ping = figures.get("enqueue"), pings.get(client.get(system, "async"))
         shares[system] = round(rate / ping, 3) if rate and ping else None
     return {"awaited_ping_per_s": pings, "enqueue_over_ping": shares, "raw": ping_raw}
+
+
+def producer_bound(medians: dict[str, dict[str, float | None]]) -> dict[str, dict[str, float]]:
+    """What bounds the end-to-end columns from above: their jobs come from one producer
+    awaiting each enqueue, so no system finishes faster than its enqueue alone runs.
+    For each end-to-end column: each system's one-call enqueue rate (the ``enqueue``
+    column, no worker running) over the best peer's end-to-end rate."""
+    out: dict[str, dict[str, float]] = {}
+    for key in ("e2e1", "e2e2"):
+        peers = [m[key] for name, m in medians.items() if name in PEERS and m.get(key)]
+        if not peers:
+            continue
+        best = max(p for p in peers if p is not None)
+        out[key] = {
+            name: round(rate / best, 3)
+            for name, m in medians.items()
+            if name not in PEERS and (rate := m.get("enqueue"))
+        }
+    return out
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -921,7 +987,9 @@ def fmt(value: float | None, unit: str) -> str:
 
 def table(result: dict[str, Any]) -> str:
     systems = result["settings"]["systems"]
-    head = ["column", "unit", *systems, "fairq / best peer", "better"]
+    with_floor = "floor" in systems
+    head = ["column", "unit", *systems, "fairq / best peer"]
+    head += ["floor / best peer", "better"] if with_floor else ["better"]
     rows = []
     for key in result["settings"]["columns"]:
         col = COLUMN_BY_KEY[key]
@@ -934,7 +1002,9 @@ def table(result: dict[str, Any]) -> str:
         ratio_text = "n/a"
         if r["fairq_over_best_peer"] is not None:
             ratio_text = f"{r['fairq_over_best_peer']:.2f} (vs {r['best_peer']})"
-        rows.append([col.label, col.unit, *cells, ratio_text, col.better])
+        floor = r.get("floor_over_best_peer")
+        floor_cells = [f"{floor:.2f}" if floor is not None else "n/a"] if with_floor else []
+        rows.append([col.label, col.unit, *cells, ratio_text, *floor_cells, col.better])
     widths = [max(len(str(x)) for x in column) for column in zip(head, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
@@ -962,6 +1032,17 @@ def table(result: dict[str, Any]) -> str:
             f"{pings.get('wire', 0):,.0f}/s. One-call enqueue as a share of its "
             f"client's PING rate: {shares}.",
         ]
+    bounds = result.get("end_to_end_bound", {})
+    if bounds:
+        notes.append(
+            "End-to-end is paced by one awaited producer: its enqueue alone over the best "
+            "peer's end-to-end rate: "
+            + "; ".join(
+                f"{key}: " + ", ".join(f"{name} {value:.2f}" for name, value in per.items())
+                for key, per in bounds.items()
+            )
+            + "."
+        )
     return "\n".join(
         [title, "", line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
         + [line(r) for r in rows]
@@ -1066,6 +1147,7 @@ async def main_async(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         "medians": medians,
         "ratios": {c.key: ratio(c, medians) for c in columns},
         "round_trip_limit": round_trip_limit(ping_raw, medians),
+        "end_to_end_bound": producer_bound(medians),
         "failures": {s: f for s, f in failures.items() if f},
         "trials": trials,
     }
@@ -1101,7 +1183,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--systems",
         type=csv_list(SYSTEMS),
         default=list(SYSTEMS),
-        help="systems, comma-separated (default fairq,dramatiq,saq)",
+        help="systems, comma-separated (default fairq,dramatiq,saq,floor; floor: fairq's\n"
+        "enqueue at the five commands it must run, see FloorSide)",
     )
     p.add_argument("--concurrency", type=int, default=8, help="runs in flight per worker process")
     p.add_argument("--poll-ms", type=float, default=20.0, help="completion poll interval (ms)")
@@ -1120,7 +1203,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def missing_libraries(systems: list[str]) -> list[str]:
-    return [s for s in systems if s != "fairq" and importlib.util.find_spec(s) is None]
+    return [s for s in systems if s in PEERS and importlib.util.find_spec(s) is None]
 
 
 def main(argv: list[str] | None = None) -> int:

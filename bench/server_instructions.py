@@ -224,10 +224,12 @@ async def _spread_client(workload: str, n: int, url: str, pid: int) -> int:
     return batches - WARM_OPS
 
 
-def floor_script() -> str:
+def floor_script(wake_channel: str) -> str:
     """The floor of a keyless enqueue: its five commands on its key names, built from the
     same schema tables as the scripts' (ARGV as the enqueue script's: context, env id,
-    queue, schedule, tick, then the run's one argument)."""
+    queue, schedule, tick, then the run's one argument), and, as the enqueue, the wake-up
+    hint on ``wake_channel`` when the queue's head changed (it was empty: never in a
+    backlog)."""
     from fairq import keys as K
     from fairq.store.run_hash import RUN_FIELDS
 
@@ -244,8 +246,10 @@ redis.call('HSETEX', tag .. ':m:' .. env .. ':' .. id, 'FNX', 'FIELDS', 5,
   '{f["queue"]}', queue, '{f["payload"]}', payload, '{f["score"]}', now,
   '{f["enqueued_at"]}', now, '{f["state"]}', 'queued')
 redis.call('ZADD', tag .. ':q:' .. env .. ':' .. queue .. ':{K.QUEUE_KEYS["queued"]}', now, id)
-redis.call('ZADD', tag .. ':{K.SHARD_KEYS["heads"]}', 'LT', 'CH', now,
-  '{K.KIND_QUEUE}:' .. env .. ':' .. queue)
+if redis.call('ZADD', tag .. ':{K.SHARD_KEYS["heads"]}', 'LT', 'CH', now,
+    '{K.KIND_QUEUE}:' .. env .. ':' .. queue) == 1 then
+  redis.call('PUBLISH', '{wake_channel}', 'work')
+end
 return '40 0 1'
 """
 
@@ -261,7 +265,7 @@ async def _floor_client(n: int, url: str, pid: int) -> int:
     rq = await app.queue()
     env, client = app.env, rq._script_client
     tag = rq.keys.tag_of(env, 0)
-    sha = await rq.client.script_load(floor_script())
+    sha = await rq.client.script_load(floor_script(rq.keys.wake_channel))
 
     def argv(run_id: str, i: int) -> list[Any]:
         request = EnqueueRequest(env, "noop", run_id, {"i": i, "t": 0.0})
