@@ -13,7 +13,8 @@ table or concatenates strings costs the server several hundred machine instructi
 ``redis.call`` one (its command is the server's, and not here). Use it to find the lines
 that run most; confirm a change with ``server_instructions.py``.
 
-Workloads as ``server_instructions.py``'s: ``trigger``, ``fair:KEYS:TENANTS``,
+Workloads as ``server_instructions.py``'s: ``trigger``, ``drain`` (keyless
+``dequeue_batch(10)`` + ``ack``, per op one batch), ``fair:KEYS:TENANTS``,
 ``age:KEYS:TENANTS``.
 
     python bench/lua_profile.py --workload fair:10:0 [--n 2000] [--top 40] [--every 1]
@@ -264,6 +265,20 @@ async def run(workload: str, n: int, lua: LuaServer, port: int) -> int:
         lua.on = False
         await app.aclose()
         return n
+    if workload == "drain":
+        app = Fairq(env="bench:lua:run", url=url, config=RunQueueConfig())
+        task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
+        batches = WARM_OPS + n // 10
+        for i in range(batches * 10):
+            await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}")
+        rq = await app.queue()
+        for b in range(batches):
+            lua.on = b >= WARM_OPS
+            batch = await rq.dequeue_batch(10, env=app.env, queues=["noop"])
+            await rq.ack(batch.deliveries)
+        lua.on = False
+        await app.aclose()
+        return batches - WARM_OPS
     from server_instructions import keyed_cycles  # type: ignore[import-not-found]
 
     def measuring(on: bool) -> None:
