@@ -980,11 +980,13 @@ def producer_bound(medians: dict[str, dict[str, float | None]]) -> dict[str, dic
         if not peers:
             continue
         best = max(p for p in peers if p is not None)
-        out[key] = {
+        bound = {
             name: round(rate / best, 3)
             for name, m in medians.items()
             if name not in PEERS and (rate := m.get("enqueue"))
         }
+        if bound:  # (the enqueue column was measured)
+            out[key] = bound
     return out
 
 
@@ -1038,12 +1040,14 @@ def table(result: dict[str, Any]) -> str:
             for name, share in limit.get("enqueue_over_ping", {}).items()
             if share is not None
         )
+        shares_text = (
+            f" One-call enqueue as a share of its client's PING rate: {shares}." if shares else ""
+        )
         notes = [
             "",
             f"Awaited PING, one caller: redis-py asyncio {pings['async']:,.0f}/s, "
             f"redis-py blocking {pings['blocking']:,.0f}/s, fairq's script connection "
-            f"{pings.get('wire', 0):,.0f}/s. One-call enqueue as a share of its "
-            f"client's PING rate: {shares}.",
+            f"{pings.get('wire', 0):,.0f}/s.{shares_text}",
         ]
     bounds = result.get("end_to_end_bound", {})
     if bounds:
@@ -1210,8 +1214,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--table", action="store_true", help="also print the table after the JSON")
     args = p.parse_args(argv)
-    if args.n < 1 or args.reps < 1 or args.concurrency < 1:
-        p.error("--n, --reps and --concurrency must be at least 1")
+    if args.n < 2 or args.reps < 1 or args.concurrency < 1:
+        # (--n 2: a drain trial enqueues its first job before it measures)
+        p.error("--n must be at least 2, --reps and --concurrency at least 1")
     return args
 
 
