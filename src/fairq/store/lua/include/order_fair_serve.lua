@@ -181,10 +181,11 @@ do
     local p = of_queue[T]
     if p == nil then
       -- every field a simple pair will use, so its table is sized once (copy: the B:tq
-      -- copy of its tag it came with); 16 fields fit without growing it, so the fields
-      -- of a one-key tenant's pair (disc, nd, solo, kf) fit beside these
+      -- copy of its tag it came with; nd: how many flows discovery found of it); 16
+      -- fields fit without growing it, so the fields of a one-key tenant's pair (disc,
+      -- solo, kf) fit beside these
       p = {Q = Q, T = T, tie = math.huge, active = true, hk = 0, ht = 0, ten = false,
-        simple = false, flow = false, copy = copy, sk = false}
+        simple = false, flow = false, copy = copy, sk = false, nd = 0}
       of_queue[T] = p
       F.plist[#F.plist + 1] = p
     end
@@ -456,7 +457,7 @@ do
     -- (in such a call, a tenant with discovered flows and a key set is probed first; a
     -- probe that did not load the pair leaves what it read in `probed`)
     local probe, probed = width < KEYS_LOADED and p.disc ~= nil, nil
-    if p.solo == nil and (p.nd or 0) > 1 then
+    if p.solo == nil and p.nd > 1 then
       if probe then
         local loaded
         loaded, entries, probed = E.probe_keys(F, p)
@@ -645,7 +646,7 @@ do
     for i = 1, #plist do
       if n >= room then break end
       local o = plist[i]
-      if o.solo == nil and o.Q == Q and o ~= p and (o.nd or 0) <= 1 then
+      if o.solo == nil and o.Q == Q and o ~= p and o.nd <= 1 then
         n = n + 1
         of[n], names[n] = o, o.T
       end
