@@ -13,9 +13,9 @@ table or concatenates strings costs the server several hundred machine instructi
 ``redis.call`` one (its command is the server's, and not here). Use it to find the lines
 that run most; confirm a change with ``server_instructions.py``.
 
-Workloads as ``server_instructions.py``'s: ``trigger``, ``drain`` (keyless
-``dequeue_batch(10)`` + ``ack``, per op one batch), ``fair:KEYS:TENANTS``,
-``age:KEYS:TENANTS``.
+Workloads as ``server_instructions.py``'s (the same clients): ``trigger``,
+``trigger_fair``, ``drain`` (keyless ``dequeue_batch(10)`` + ``ack``, per op one batch),
+``fair:KEYS:TENANTS``, ``age:KEYS:TENANTS``.
 
     python bench/lua_profile.py --workload fair:10:0 [--n 2000] [--top 40] [--every 1]
                                 [--calls]
@@ -42,11 +42,8 @@ from typing import Any
 
 from lupa import lua51  # type: ignore[import-untyped]
 
-from fairq import Fairq, RetryPolicy, RunQueueConfig
 from fairq.server import EmbeddedServer, free_port
 from fairq.store import scripts as script_module
-
-WARM_OPS = 20
 
 #: Lua of the runtime around a library: ``redis`` (calls passed to Python), ``bit``,
 #: ``cjson``, and the count hook's tables.
@@ -248,42 +245,15 @@ def install(lua: LuaServer) -> None:
     script_module.Script.__call__ = call  # type: ignore[method-assign]
 
 
-async def _noop(payload: dict[str, Any]) -> None:
-    return None
-
-
 async def run(workload: str, n: int, lua: LuaServer, port: int) -> int:
     url = f"redis://127.0.0.1:{port}/0"
-    if workload == "trigger":
-        app = Fairq(env="bench:lua:run", url=url, config=RunQueueConfig())
-        task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
-        for i in range(WARM_OPS * 10):
-            await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}")
-        lua.on = True
-        for i in range(n):
-            await task.trigger({"i": i, "t": 0.0}, run_id=f"r{i}")
-        lua.on = False
-        await app.aclose()
-        return n
-    if workload == "drain":
-        app = Fairq(env="bench:lua:run", url=url, config=RunQueueConfig())
-        task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
-        batches = WARM_OPS + n // 10
-        for i in range(batches * 10):
-            await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}")
-        rq = await app.queue()
-        for b in range(batches):
-            lua.on = b >= WARM_OPS
-            batch = await rq.dequeue_batch(10, env=app.env, queues=["noop"])
-            await rq.ack(batch.deliveries)
-        lua.on = False
-        await app.aclose()
-        return batches - WARM_OPS
-    from server_instructions import keyed_cycles  # type: ignore[import-not-found]
+    from server_instructions import keyed_cycles, task_cycles  # type: ignore[import-not-found]
 
     def measuring(on: bool) -> None:
         lua.on = on
 
+    if workload in ("trigger", "trigger_fair", "drain"):
+        return int(await task_cycles(workload, n, url, measuring))
     return int(await keyed_cycles(workload, n, url, measuring))
 
 

@@ -84,6 +84,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# (the floor's script and arguments: bench/server_instructions.py, beside this script)
+from server_instructions import floor_argv, floor_script  # type: ignore[import-not-found]
+
 #: This script, run again as each worker process.
 SCRIPT = os.path.abspath(__file__)
 SYSTEMS = ("fairq", "dramatiq", "saq", "floor")
@@ -299,22 +302,16 @@ class FloorSide(FairqSide):
     name = "floor"
 
     async def open(self) -> None:
-        from server_instructions import floor_script  # type: ignore[import-not-found]
-
         await super().open()
         self.rq = await self.app.queue()
         self.tag = self.rq.keys.tag_of(self.app.env, 0)
         self.sha = await self.rq.client.script_load(floor_script(self.rq.keys.wake_channel))
 
     async def enqueue(self, data: dict[str, Any]) -> None:
-        from fairq.models import EnqueueRequest
-        from fairq.store.enqueue import enqueue_args
         from fairq.tasks import new_run_id
 
-        env, rq = self.app.env, self.rq
-        request = EnqueueRequest(env, QUEUE, new_run_id(), data)
-        args = enqueue_args(env, QUEUE, [rq.encode_request(request)])
-        argv = rq.script_argv("enqueue", "age", args, None)[1]
+        rq = self.rq
+        argv = floor_argv(rq, self.app.env, QUEUE, new_run_id(), data)
         await rq._script_client.execute_command("EVALSHA", self.sha, 1, self.tag, *argv)
 
 
@@ -849,14 +846,15 @@ async def _worker_trial(
     after = await stats.snapshot()
 
     # Server cost of the trial (the benchmark's INFO and completion polls left out).
-    server = {
-        "commands_per_job": (after.total - before.total - polls * per_poll) / jobs,
-        "cpu_us_per_job": (after.cpu_s - before.cpu_s) * 1e6 / jobs,
+    server: dict[str, Any] = {
         "completion_polls": polls,
         "commands_per_poll": per_poll,
         "commands": command_delta(before, after),
     }
-    if queued is not None:
+    if queued is None:
+        server["commands_per_job"] = (after.total - before.total - polls * per_poll) / jobs
+        server["cpu_us_per_job"] = (after.cpu_s - before.cpu_s) * 1e6 / jobs
+    else:
         # the enqueue phase (jobs - 1 measured) and the drain (of every job, with the
         # completion polls), each per job; their sum is the trial's cost per job
         enqueued = jobs - 1

@@ -97,7 +97,6 @@ def _dramatiq_noop(payload: dict[str, Any]) -> None:
 async def _client(workload: str, n: int, port: int, pid: int) -> int:
     """Run one workload against the server on ``port`` (callgrind ``pid``); returns the
     number of operations measured."""
-    from fairq import Fairq, RetryPolicy, RunQueueConfig
 
     url = f"redis://127.0.0.1:{port}/0"
     if workload == "trigger_floor":
@@ -105,38 +104,48 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
     if workload == "dramatiq_send":
         return _dramatiq_client(n, url, pid)
     if workload in ("trigger", "trigger_fair", "drain"):
-        fair = workload == "trigger_fair"
-        config = RunQueueConfig().with_vtime(enabled=True) if fair else RunQueueConfig()
-        app = Fairq(env="bench:instructions:run", url=url, config=config)
-        task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
-
-        def spread(i: int) -> dict[str, str]:
-            return {"concurrency_key": f"k{i % 100}", "tenant": f"t{i % 10}"} if fair else {}
-
-        runs = WARM_OPS * 10 + n if workload == "drain" else WARM_OPS * 10
-        for i in range(runs):
-            await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}", **spread(i))
-        measured = 0
-        if workload != "drain":
-            _instrument(pid, True)
-            for i in range(n):
-                await task.trigger({"i": i, "t": 0.0}, run_id=f"r{i}", **spread(i))
-            measured = n
-        else:
-            rq = await app.queue()
-            for i in range(WARM_OPS + n // 10):
-                if i == WARM_OPS:
-                    _instrument(pid, True)
-                batch = await rq.dequeue_batch(10, env=app.env, queues=["noop"])
-                await rq.ack(batch.deliveries)
-                if i >= WARM_OPS:
-                    measured += 1
-        _instrument(pid, False)
-        await app.aclose()
-        return measured
+        return await task_cycles(workload, n, url, lambda on: _instrument(pid, on))
     if workload.startswith("spread:"):
         return await _spread_client(workload, n, url, pid)
     return await keyed_cycles(workload, n, url, lambda on: _instrument(pid, on))
+
+
+async def task_cycles(workload: str, n: int, url: str, measuring: Callable[[bool], None]) -> int:
+    """``trigger`` / ``trigger_fair``: ``n`` awaited ``Task.trigger`` calls; ``drain``:
+    ``n`` runs queued, then ``dequeue_batch(10)`` + ``ack`` until they are served. After a
+    warm-up, ``measuring(True)``, and ``measuring(False)`` at the end. Returns the
+    operations measured (runs, or batches of 10)."""
+    from fairq import Fairq, RetryPolicy, RunQueueConfig
+
+    fair = workload == "trigger_fair"
+    config = RunQueueConfig().with_vtime(enabled=True) if fair else RunQueueConfig()
+    app = Fairq(env="bench:instructions:run", url=url, config=config)
+    task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
+
+    def spread(i: int) -> dict[str, str]:
+        return {"concurrency_key": f"k{i % 100}", "tenant": f"t{i % 10}"} if fair else {}
+
+    runs = WARM_OPS * 10 + n if workload == "drain" else WARM_OPS * 10
+    for i in range(runs):
+        await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}", **spread(i))
+    measured = 0
+    if workload != "drain":
+        measuring(True)
+        for i in range(n):
+            await task.trigger({"i": i, "t": 0.0}, run_id=f"r{i}", **spread(i))
+        measured = n
+    else:
+        rq = await app.queue()
+        for i in range(WARM_OPS + n // 10):
+            if i == WARM_OPS:
+                measuring(True)
+            batch = await rq.dequeue_batch(10, env=app.env, queues=["noop"])
+            await rq.ack(batch.deliveries)
+            if i >= WARM_OPS:
+                measured += 1
+    measuring(False)
+    await app.aclose()
+    return measured
 
 
 async def keyed_cycles(workload: str, n: int, url: str, measuring: Callable[[bool], None]) -> int:
@@ -254,12 +263,22 @@ return '40 0 1'
 """
 
 
+def floor_argv(rq: Any, env: Any, queue: str, run_id: str, payload: Any) -> list[Any]:
+    """The floor script's ARGV for one keyless run: the enqueue script's own (context,
+    env id, queue, schedule, tick, the run's one argument), encoded by the store."""
+    from fairq.models import EnqueueRequest
+    from fairq.store.enqueue import enqueue_args
+
+    request = EnqueueRequest(env, queue, run_id, payload)
+    args = enqueue_args(env, queue, [rq.encode_request(request)])
+    argv: list[Any] = rq.script_argv("enqueue", "age", args, None)[1]
+    return argv
+
+
 async def _floor_client(n: int, url: str, pid: int) -> int:
     """``trigger_floor``: the ``trigger`` workload's runs, each one call of the floor
     script with the arguments the enqueue script gets, on fairq's script connection."""
     from fairq import Fairq
-    from fairq.models import EnqueueRequest
-    from fairq.store.enqueue import enqueue_args
 
     app = Fairq(env="bench:instructions:run", url=url)
     rq = await app.queue()
@@ -268,9 +287,7 @@ async def _floor_client(n: int, url: str, pid: int) -> int:
     sha = await rq.client.script_load(floor_script(rq.keys.wake_channel))
 
     def argv(run_id: str, i: int) -> list[Any]:
-        request = EnqueueRequest(env, "noop", run_id, {"i": i, "t": 0.0})
-        args = enqueue_args(env, "noop", [rq.encode_request(request)])
-        return rq.script_argv("enqueue", "age", args, None)[1]
+        return floor_argv(rq, env, "noop", run_id, {"i": i, "t": 0.0})
 
     for i in range(WARM_OPS * 10):
         await client.execute_command("EVALSHA", sha, 1, tag, *argv(f"w{i}", i))
