@@ -252,7 +252,7 @@ async def run(workload: str, n: int, lua: LuaServer, port: int) -> int:
     def measuring(on: bool) -> None:
         lua.on = on
 
-    if workload in ("trigger", "trigger_fair", "drain"):
+    if workload in ("trigger", "trigger_fair", "drain", "drain1"):
         return int(await task_cycles(workload, n, url, measuring))
     return int(await keyed_cycles(workload, n, url, measuring))
 

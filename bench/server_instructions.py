@@ -16,6 +16,8 @@ Workloads (``--workloads``, comma-separated):
   tenant of 10 (per op: one run);
 * ``drain``: ``dequeue_batch(10)`` + ``ack`` of a keyless queue, as a worker does (per
   op: one batch of 10);
+* ``drain1``: the same one run at a time (per op: one run): a call's fixed cost, which
+  ``drain`` spreads over ten;
 * ``fair:KEYS:TENANTS`` / ``age:KEYS:TENANTS``: dequeue 10 + ack of keyed runs in the
   fair / age order, KEYS busy keys owned by TENANTS named tenants (0: each key its own),
   as ``bench/ck_throughput.py --tenants`` (per op: one batch of 10);
@@ -103,7 +105,7 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
         return await _floor_client(n, url, pid)
     if workload == "dramatiq_send":
         return _dramatiq_client(n, url, pid)
-    if workload in ("trigger", "trigger_fair", "drain"):
+    if workload in ("trigger", "trigger_fair", "drain", "drain1"):
         return await task_cycles(workload, n, url, lambda on: _instrument(pid, on))
     if workload.startswith("spread:"):
         return await _spread_client(workload, n, url, pid)
@@ -112,9 +114,9 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
 
 async def task_cycles(workload: str, n: int, url: str, measuring: Callable[[bool], None]) -> int:
     """``trigger`` / ``trigger_fair``: ``n`` awaited ``Task.trigger`` calls; ``drain``:
-    ``n`` runs queued, then ``dequeue_batch(10)`` + ``ack`` until they are served. After a
-    warm-up, ``measuring(True)``, and ``measuring(False)`` at the end. Returns the
-    operations measured (runs, or batches of 10)."""
+    ``n`` runs queued, then ``dequeue_batch(10)`` + ``ack`` until they are served
+    (``drain1``: ``dequeue_batch(1)``). After a warm-up, ``measuring(True)``, and
+    ``measuring(False)`` at the end. Returns the operations measured (runs, or batches)."""
     from fairq import Fairq, RetryPolicy, RunQueueConfig
 
     fair = workload == "trigger_fair"
@@ -125,22 +127,23 @@ async def task_cycles(workload: str, n: int, url: str, measuring: Callable[[bool
     def spread(i: int) -> dict[str, str]:
         return {"concurrency_key": f"k{i % 100}", "tenant": f"t{i % 10}"} if fair else {}
 
-    runs = WARM_OPS * 10 + n if workload == "drain" else WARM_OPS * 10
+    batch = {"drain": 10, "drain1": 1}.get(workload, 0)
+    runs = WARM_OPS * batch + n if batch else WARM_OPS * 10
     for i in range(runs):
         await task.trigger({"i": i, "t": 0.0}, run_id=f"w{i}", **spread(i))
     measured = 0
-    if workload != "drain":
+    if not batch:
         measuring(True)
         for i in range(n):
             await task.trigger({"i": i, "t": 0.0}, run_id=f"r{i}", **spread(i))
         measured = n
     else:
         rq = await app.queue()
-        for i in range(WARM_OPS + n // 10):
+        for i in range(WARM_OPS + n // batch):
             if i == WARM_OPS:
                 measuring(True)
-            batch = await rq.dequeue_batch(10, env=app.env, queues=["noop"])
-            await rq.ack(batch.deliveries)
+            served = await rq.dequeue_batch(batch, env=app.env, queues=["noop"])
+            await rq.ack(served.deliveries)
             if i >= WARM_OPS:
                 measured += 1
     measuring(False)

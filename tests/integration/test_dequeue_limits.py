@@ -11,6 +11,7 @@ from tests.state import heads, run_state
 from fairq.keys import Environment
 from fairq.models import Delivery
 from fairq.store import RunQueue
+from fairq.store.options import ENV_OPTIONS, QUEUE_OPTIONS
 
 T0 = 1_700_000_000_000
 
@@ -386,3 +387,36 @@ async def test_dequeue_variant_honours_rates_and_counts_the_named_tenant(
     assert by_tenant == [[("a0", "acme")], [], []]
     served = (await rq.history(env, "q", window_ms=10_000, now_ms=T0))[-1].by_tenant
     assert served == {"k": 1, "acme": 1}
+
+
+# --------------------------------------------------------------------------- config read
+
+
+@pytest.mark.parametrize("others", [0, 7], ids=["few fields", "more fields than the call names"])
+async def test_a_queues_options_hold_however_many_fields_its_config_has(
+    make_queue: Any, env: Environment, others: int
+) -> None:
+    """A dequeue reads the whole config hash when it holds fewer fields than the call
+    would name, else the listed queues' fields: both give the same limits."""
+    rq: RunQueue = await make_queue()
+    await rq.set_env_limits(env, concurrency=3)
+    await rq.set_queue_concurrency(env, "q", 1)
+    await rq.set_queue_options(env, "p", paused=True)
+    for i in range(others):  # other queues' options, none of them listed by the dequeue
+        await rq.set_queue_options(
+            env, f"o{i}", concurrency=5, max_size=50, total=9, rate=2.0, rate_burst=3,
+            key_rate=1.0, key_rate_burst=2, tenant_rate=1.0, tenant_rate_burst=2, borrow=True,
+        )  # fmt: skip
+    fields = await rq.client.hlen(rq.keys.env(env).config)
+    named = len(ENV_OPTIONS) + 2 * len(QUEUE_OPTIONS)  # the fields of a call listing q and p
+    assert (fields >= named) == (others > 0)
+    for i in range(3):
+        await rq.enqueue(env, "q", f"q{i}", now_ms=T0 + i)
+        await rq.enqueue(env, "p", f"p{i}", now_ms=T0 + i)
+
+    got = await rq.dequeue(10, env=env, queues=["q", "p"], now_ms=T0 + 10)
+
+    assert [d.run_id for d in got] == ["q0"]  # q's limit of 1; p is paused
+    await rq.set_queue_concurrency(env, "q", None)
+    got = await rq.dequeue(10, env=env, queues=["q", "p"], now_ms=T0 + 10)
+    assert [d.run_id for d in got] == ["q1", "q2"]  # the env's limit of 3

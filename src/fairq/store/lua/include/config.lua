@@ -10,14 +10,10 @@ local function option_value(kind, raw)
   return tonumber(raw)
 end
 
--- The environment: its limits and the option defaults of its queues.
-local function env_config(X, V, env_id, raw)
+-- The environment: its limits and the option defaults of its queues (`e`: its options
+-- set, by name).
+local function env_config(X, V, env_id, e)
   local C = X.C
-  local e = {}
-  for i, name in ipairs(ENV_OPTIONS) do
-    local v = raw[i]
-    if v then e[name] = option_value(ENV_OPTION_KIND[name], v) end -- most are unset
-  end
   local limit = e.concurrency or C.default_env_concurrency
   local burst = e.burst_factor or C.default_burst_factor
   return {
@@ -27,14 +23,9 @@ local function env_config(X, V, env_id, raw)
   }
 end
 
--- One queue of `env`, from the raw values of its QUEUE_OPTIONS fields.
-local function queue_config(X, env, name, raw, offset)
+-- One queue of `env` (`q`: its options set, by name).
+local function queue_config(X, env, name, q)
   local C, e = X.C, env.options
-  local q = {}
-  for i, option in ipairs(QUEUE_OPTIONS) do
-    local v = raw[offset + i]
-    if v then q[option] = option_value(QUEUE_OPTION_KIND[option], v) end -- most are unset
-  end
   local default_per_key = C.default_max_per_key
   if default_per_key ~= nil and default_per_key <= 0 then default_per_key = nil end
   return level_base({
@@ -72,39 +63,61 @@ local function queue_config(X, env, name, raw, offset)
   })
 end
 
--- The HMGET fields of the environment and the listed queues, built once per list of
+-- The config fields of the environment and the listed queues, built once per list of
 -- queue names and kept by the library (the names are constants of the callers, and a
 -- bounded number of lists is kept: building 33 fields per queue cost more per call than
--- the HMGET itself).
+-- the read itself): {fields (ENV_OPTIONS, then each queue's QUEUE_OPTIONS), at = {field
+-- -> {0 (the environment) or the queue's place in the list, option, its kind}}}.
 local CONFIG_FIELDS = memo_new(256)
 
 local function all_config_fields(queues)
-  local fields = {}
-  for _, name in ipairs(ENV_OPTIONS) do fields[#fields + 1] = name end
-  for _, q in ipairs(queues) do
-    for _, option in ipairs(QUEUE_OPTIONS) do fields[#fields + 1] = config_field(q, option) end
+  local fields, at = {}, {}
+  for _, name in ipairs(ENV_OPTIONS) do
+    fields[#fields + 1] = name
+    at[name] = {0, name, ENV_OPTION_KIND[name]}
   end
-  return fields
+  for i, q in ipairs(queues) do
+    for _, option in ipairs(QUEUE_OPTIONS) do
+      local field = config_field(q, option)
+      fields[#fields + 1] = field
+      at[field] = {i, option, QUEUE_OPTION_KIND[option]}
+    end
+  end
+  return {fields = fields, at = at}
 end
 
-local function config_fields(queues)
-  -- kept by the names joined (names never contain ':')
-  return memo_get(CONFIG_FIELDS, table.concat(queues, ':'), all_config_fields, queues)
-end
-
--- The environment and the listed queues, in one HMGET. Returns env, {name -> queue}.
+-- The environment and the listed queues. The config hash holds the options set, most
+-- often a few: when it has fewer fields than the call would name, all of them are read
+-- (HGETALL: its reply is the few set, where HMGET's names every option of every listed
+-- queue, about 30 each), else the listed ones; an environment without a config reads
+-- nothing. Returns env, {name -> queue}.
 local function config_read(X, V, env_id, queues)
-  local fields = config_fields(queues)
-  local raw
-  if #fields <= UNPACK_CHUNK then
-    raw = redis.call('HMGET', env_key(V, 'config'), unpack(fields))
-  else
-    raw = call_list('HMGET', env_key(V, 'config'), fields)
+  local key = env_key(V, 'config')
+  -- kept by the names joined (names never contain ':')
+  local spec = memo_get(CONFIG_FIELDS, table.concat(queues, ':'), all_config_fields, queues)
+  local fields, at = spec.fields, spec.at
+  local options = {[0] = {}}
+  for i = 1, #queues do options[i] = {} end
+  local length = redis.call('HLEN', key)
+  if length > 0 and length < #fields then
+    local raw = redis.call('HGETALL', key)
+    for i = 1, #raw, 2 do
+      local place = at[raw[i]]
+      if place then options[place[1]][place[2]] = option_value(place[3], raw[i + 1]) end
+    end
+  elseif length > 0 then
+    local raw = #fields <= UNPACK_CHUNK and redis.call('HMGET', key, unpack(fields))
+      or call_list('HMGET', key, fields)
+    for i, field in ipairs(fields) do
+      local v = raw[i]
+      if v then -- (most are unset)
+        local place = at[field]
+        options[place[1]][place[2]] = option_value(place[3], v)
+      end
+    end
   end
-  local env = env_config(X, V, env_id, raw)
+  local env = env_config(X, V, env_id, options[0])
   local by_name = {}
-  for i, name in ipairs(queues) do
-    by_name[name] = queue_config(X, env, name, raw, #ENV_OPTIONS + (i - 1) * #QUEUE_OPTIONS)
-  end
+  for i, name in ipairs(queues) do by_name[name] = queue_config(X, env, name, options[i]) end
   return env, by_name
 end

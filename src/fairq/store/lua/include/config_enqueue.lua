@@ -41,9 +41,6 @@ local function enqueue_spec(name, wanted)
   return {fields = fields, at = at}
 end
 
--- The reply of a read of an environment without a config (read only).
-local NO_CONFIG = {}
-
 -- The options beyond the usual six into Q (`at`: where each is in `raw`).
 local function enqueue_config_more(C, Q, raw, at)
   if at.named then Q.named = raw[at.named] == '1' end
@@ -67,7 +64,7 @@ local function enqueue_config_read(X, V, env_id, name, wanted, key, B)
   local C = X.C
   local specs = ENQUEUE_SPECS[wanted]
   local spec = specs.values[name] or memo_get(specs, name, enqueue_spec, name, wanted)
-  local raw = NO_CONFIG
+  local raw = EMPTY
   -- (an EXISTS costs half a read of six fields)
   if not HOOK.enqueue_probes_config or redis.call('EXISTS', key) == 1 then
     local fields = spec.fields

@@ -19,17 +19,18 @@ local STATE_META = {
   end,
 }
 
--- What state_peek hands out for a table not made yet: empty, and not to be written
--- (state_new makes writing it an error: a library's load cannot set metatables).
-local STATE_NONE = {}
-local STATE_NONE_META = {
+-- An empty table that may not be written (state_new makes writing it an error: a
+-- library's load cannot set metatables): what state_peek hands out for a table not made
+-- yet, and the options read of an environment that has no config.
+local EMPTY = {}
+local EMPTY_META = {
   __newindex = function() error('a table from state_peek is read-only') end,
 }
 
 -- A per-call table for reading only: the one made, else an empty one. (Reading it as
 -- X.<name> would make it; a flush that visits every table would make them all.)
 local function state_peek(X, name)
-  return rawget(X, name) or STATE_NONE
+  return rawget(X, name) or EMPTY
 end
 
 -- The shard-wide keys every script uses, per shard tag.
@@ -40,9 +41,9 @@ local function shard_common(tag)
 end
 
 local function state_new(C, tag)
-  if not STATE_NONE_META.sealed then -- (a flag: getmetatable would be a C call per call)
-    setmetatable(STATE_NONE, STATE_NONE_META)
-    STATE_NONE_META.sealed = true
+  if not EMPTY_META.sealed then -- (a flag: getmetatable would be a C call per call)
+    setmetatable(EMPTY, EMPTY_META)
+    EMPTY_META.sealed = true
   end
   local common = SHARD_COMMON.values[tag] or memo_get(SHARD_COMMON, tag, shard_common, tag)
   return setmetatable({
