@@ -36,6 +36,14 @@ Two references for ``trigger``, what bounds it from below and what it is compare
 * ``dramatiq_send``: Dramatiq's ``send`` of one message to its Redis broker, the peer
   ``bench/peers.py`` compares enqueues with (per op: one message; needs ``dramatiq``).
 
+And the drain as ``bench/peers.py``'s drain trial runs it, for the other half of its
+server-work column: a worker of 8 runs in flight started on a backlog, measured from its
+start until the last run is finished (per op: one run), its libraries or scripts loaded
+by an earlier worker:
+
+* ``worker_drain``: fairq's ``Worker(concurrency=8)`` on keyless runs;
+* ``dramatiq_drain``: Dramatiq's ``Worker(worker_threads=8)`` (needs ``dramatiq``).
+
 ``--against REF`` measures the same workloads on a git ref too (checked out into a
 temporary worktree, imported instead of this checkout), and reports REF / this ratios.
 
@@ -105,6 +113,10 @@ async def _client(workload: str, n: int, port: int, pid: int) -> int:
         return await _floor_client(n, url, pid)
     if workload == "dramatiq_send":
         return _dramatiq_client(n, url, pid)
+    if workload == "worker_drain":
+        return await _worker_drain_client(n, url, pid)
+    if workload == "dramatiq_drain":
+        return _dramatiq_drain_client(n, url, pid)
     if workload in ("trigger", "trigger_fair", "drain", "drain1"):
         return await task_cycles(workload, n, url, lambda on: _instrument(pid, on))
     if workload.startswith("spread:"):
@@ -318,6 +330,69 @@ def _dramatiq_client(n: int, url: str, pid: int) -> int:
     for i in range(n):
         actor.send({"i": i, "t": 0.0})
     _instrument(pid, False)
+    broker.close()
+    return n
+
+
+async def _worker_drain_client(n: int, url: str, pid: int) -> int:
+    """``worker_drain``: a fairq worker of 8 drains ``n`` queued runs, from its start."""
+    from fairq import Fairq, RetryPolicy, Worker
+
+    app = Fairq(env="bench:instructions:run", url=url)
+    task = app.task(queue="noop", retry=RetryPolicy(max_attempts=1))(_noop)
+
+    async def drain(runs: int, prefix: str, measured: bool) -> None:
+        for i in range(runs):
+            await task.trigger({"i": i, "t": 0.0}, run_id=f"{prefix}{i}")
+        if measured:
+            _instrument(pid, True)
+        worker = Worker(app, concurrency=8)
+        running = asyncio.create_task(worker.run())
+        while worker.stats.completed < runs:  # noqa: ASYNC110 (its stats have no event)
+            await asyncio.sleep(0.01)
+        if measured:
+            _instrument(pid, False)
+        worker.stop()
+        await running
+
+    await drain(WARM_OPS * 10, "w", False)
+    await drain(n, "r", True)
+    await app.aclose()
+    return n
+
+
+def _dramatiq_drain_client(n: int, url: str, pid: int) -> int:
+    """``dramatiq_drain``: a Dramatiq worker of 8 threads drains ``n`` sent messages, from
+    its start."""
+    import dramatiq
+    from dramatiq import Worker
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = RedisBroker(url=url)
+    dramatiq.set_broker(broker)
+    done: list[int] = []
+
+    def count(payload: dict[str, Any]) -> None:
+        done.append(1)
+
+    actor = dramatiq.actor(count, broker=broker, actor_name="noop", max_retries=0)
+
+    def drain(messages: int, measured: bool) -> None:
+        done.clear()
+        for i in range(messages):
+            actor.send({"i": i, "t": 0.0})
+        if measured:
+            _instrument(pid, True)
+        worker = Worker(broker, worker_threads=8)
+        worker.start()
+        while len(done) < messages:
+            time.sleep(0.01)
+        if measured:
+            _instrument(pid, False)
+        worker.stop()
+
+    drain(WARM_OPS * 10, False)
+    drain(n, True)
     broker.close()
     return n
 
