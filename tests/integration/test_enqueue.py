@@ -118,17 +118,18 @@ async def test_a_keyless_enqueue_creates_its_run_in_one_command_where_the_server
 ) -> None:
     """The duplicate check and the run hash are one HSETEX ... FNX (where the server has
     it): a keyless enqueue into a queue that already holds runs, in an environment with
-    no options, is the script, its probe of the config (EXISTS: nothing to read), the
-    hash, the queue's ZADD and the heads index's ZADD LT (no TIME: a logical clock)."""
+    no options, is the script, its probe of the config (HLEN: no fields, nothing to
+    read), the hash, the queue's ZADD and the heads index's ZADD LT (no TIME: a logical
+    clock)."""
     rq: RunQueue = await make_queue()
     await rq.enqueue(env, "q", "first", now_ms=T0)
     await reset_stats(rq.client)
     assert await rq.enqueue(env, "q", "second", now_ms=T0 + 1) is EnqueueStatus.ENQUEUED
     counts = await command_counts(rq.client)
     if await _has_command(rq, "HSETEX"):
-        assert counts == {"fcall": 1, "exists": 1, "hsetex": 1, "zadd": 2}
+        assert counts == {"fcall": 1, "hlen": 1, "hsetex": 1, "zadd": 2}
     else:
-        assert counts == {"fcall": 1, "exists": 2, "hset": 1, "zadd": 2}
+        assert counts == {"fcall": 1, "hlen": 1, "exists": 1, "hset": 1, "zadd": 2}
     await reset_stats(rq.client)
     assert await rq.enqueue(env, "q", "second", now_ms=T0 + 2) is EnqueueStatus.DUPLICATE
     counts = await command_counts(rq.client)

@@ -1,6 +1,6 @@
 -- config.lua: an environment's limits and options, and its queues', from V:config.
 -- A queue's option falls back to the environment's, then to the process default (C).
---@require state levels
+--@require state levels config_fields
 
 -- A stored option's value by its kind (every option is read with it).
 local function option_value(kind, raw)
@@ -86,35 +86,19 @@ local function all_config_fields(queues)
   return {fields = fields, at = at}
 end
 
--- The environment and the listed queues. The config hash holds the options set, most
--- often a few: when it has fewer fields than the call would name, all of them are read
--- (HGETALL: its reply is the few set, where HMGET's names every option of every listed
--- queue, about 30 each), else the listed ones; an environment without a config reads
--- nothing. Returns env, {name -> queue}.
+-- The environment and the listed queues, from the config fields that are set
+-- (config_set_fields: about 30 options per listed queue, most of them unset). Returns
+-- env, {name -> queue}.
 local function config_read(X, V, env_id, queues)
-  local key = env_key(V, 'config')
   -- kept by the names joined (names never contain ':')
   local spec = memo_get(CONFIG_FIELDS, table.concat(queues, ':'), all_config_fields, queues)
-  local fields, at = spec.fields, spec.at
+  local at = spec.at
   local options = {[0] = {}}
   for i = 1, #queues do options[i] = {} end
-  local length = redis.call('HLEN', key)
-  if length > 0 and length < #fields then
-    local raw = redis.call('HGETALL', key)
-    for i = 1, #raw, 2 do
-      local place = at[raw[i]]
-      if place then options[place[1]][place[2]] = option_value(place[3], raw[i + 1]) end
-    end
-  elseif length > 0 then
-    local raw = #fields <= UNPACK_CHUNK and redis.call('HMGET', key, unpack(fields))
-      or call_list('HMGET', key, fields)
-    for i, field in ipairs(fields) do
-      local v = raw[i]
-      if v then -- (most are unset)
-        local place = at[field]
-        options[place[1]][place[2]] = option_value(place[3], v)
-      end
-    end
+  local set = config_set_fields(env_key(V, 'config'), spec.fields)
+  for i = 1, #set, 2 do
+    local place = at[set[i]]
+    if place then options[place[1]][place[2]] = option_value(place[3], set[i + 1]) end
   end
   local env = env_config(X, V, env_id, options[0])
   local by_name = {}

@@ -1,6 +1,6 @@
 -- config_enqueue.lua: the few options an enqueue reads from V:config (a queue's option
--- falls back to the environment's, then to the process default in C), in one HMGET.
---@require state levels
+-- falls back to the environment's, then to the process default in C).
+--@require state levels config_fields
 
 -- What one enqueue reads, by what its runs need. Always: the size limits, the order,
 -- the queue's levels and its promotion delay. With WANT.named (a run has a named tenant)
@@ -8,12 +8,12 @@
 -- to a level other than BASE_LEVEL) its levels bits, else read on first need
 -- (levels_bits); with WANT.join (the fair build) what registering a new tenant or key
 -- needs (join policy, quantum, arrival cap, admission rule, each the env's then the
--- queue's, the parked flag and its pool). Each option is one HMGET field (a field costs
--- about as much as a small command's arguments: the list holds only the wanted ones).
+-- queue's, the parked flag and its pool). The list holds only the wanted ones: a config
+-- hash of more fields than that is read by them (config_set_fields).
 local WANT = {named = 1, levels = 2, join = 4}
 
--- {fields, at = {option -> index in the reply}}, kept per wanted set and queue name (a
--- bounded number, as config_fields does).
+-- {fields, index = {field -> its place in fields}, at = {option -> its place}}, kept per
+-- wanted set and queue name (a bounded number, as config.lua's CONFIG_FIELDS is).
 local ENQUEUE_SPECS = {}
 for wanted = 0, WANT.named + WANT.levels + WANT.join do ENQUEUE_SPECS[wanted] = memo_new(256) end
 
@@ -38,7 +38,9 @@ local function enqueue_spec(name, wanted)
     add('admission', config_field(name, 'admission'))
     add('pool', config_field(name, 'pool'))
   end
-  return {fields = fields, at = at}
+  local index = {}
+  for i, field in ipairs(fields) do index[field] = i end
+  return {fields = fields, index = index, at = at}
 end
 
 -- The options beyond the usual six into Q (`at`: where each is in `raw`).
@@ -64,18 +66,18 @@ local function enqueue_config_read(X, V, env_id, name, wanted, key, B)
   local C = X.C
   local specs = ENQUEUE_SPECS[wanted]
   local spec = specs.values[name] or memo_get(specs, name, enqueue_spec, name, wanted)
+  -- the set fields by their place in spec.fields (nil: unset)
   local raw = EMPTY
-  -- (an EXISTS costs half a read of six fields)
-  if not HOOK.enqueue_probes_config or redis.call('EXISTS', key) == 1 then
-    local fields = spec.fields
-    if wanted == 0 then -- the usual call's six fields (unpack would be a C call)
-      raw = redis.call('HMGET', key, fields[1], fields[2], fields[3], fields[4], fields[5],
-        fields[6])
-    else
-      raw = redis.call('HMGET', key, unpack(fields))
+  local set = config_set_fields(key, spec.fields)
+  if #set > 0 then
+    local index = spec.index
+    raw = {}
+    for i = 1, #set, 2 do
+      local at = index[set[i]]
+      if at then raw[at] = set[i + 1] end
     end
   end
-  -- (HMGET gives false for a missing field; tonumber is a C call: only on a value)
+  -- (tonumber is a C call: only on a value)
   local promote = raw[6] and tonumber(raw[6])
   local Q = {
     name = name, env_id = env_id, V = V, B = B,

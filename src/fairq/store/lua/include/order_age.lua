@@ -27,6 +27,3 @@ HOOK.enqueue_joins = false
 -- flow_queued does nothing: whether a flow's head in the heads index is new or lower
 -- than before need not be told apart.
 HOOK.asks_new_flow_head = false
--- An age-order queue has mostly no options: an enqueue asks whether the environment's
--- config exists (one key) before reading its fields.
-HOOK.enqueue_probes_config = true

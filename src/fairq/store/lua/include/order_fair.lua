@@ -590,5 +590,3 @@ HOOK.needs_fair_queue = function(Q) return false end
 HOOK.enqueue_joins = true
 -- flow_queued registers a flow whose head is new.
 HOOK.asks_new_flow_head = true
--- A fair-order environment has its order in its config: an enqueue reads it at once.
-HOOK.enqueue_probes_config = false

@@ -21,7 +21,7 @@ local STATE_META = {
 
 -- An empty table that may not be written (state_new makes writing it an error: a
 -- library's load cannot set metatables): what state_peek hands out for a table not made
--- yet, and the options read of an environment that has no config.
+-- yet, and the fields read of an environment that has no config.
 local EMPTY = {}
 local EMPTY_META = {
   __newindex = function() error('a table from state_peek is read-only') end,
