@@ -15,6 +15,7 @@ that run most; confirm a change with ``server_instructions.py``.
 
 Workloads as ``server_instructions.py``'s (the same clients): ``trigger``,
 ``trigger_fair``, ``drain`` (keyless ``dequeue_batch(10)`` + ``ack``, per op one batch),
+``drain1`` (the same one run per call),
 ``fair:KEYS:TENANTS``, ``age:KEYS:TENANTS``.
 
     python bench/lua_profile.py --workload fair:10:0 [--n 2000] [--top 40] [--every 1]

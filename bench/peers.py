@@ -974,10 +974,10 @@ def producer_bound(medians: dict[str, dict[str, float | None]]) -> dict[str, dic
     column, no worker running) over the best peer's end-to-end rate."""
     out: dict[str, dict[str, float]] = {}
     for key in ("e2e1", "e2e2"):
-        peers = [m[key] for name, m in medians.items() if name in PEERS and m.get(key)]
+        peers = [rate for name, m in medians.items() if name in PEERS and (rate := m.get(key))]
         if not peers:
             continue
-        best = max(p for p in peers if p is not None)
+        best = max(peers)
         bound = {
             name: round(rate / best, 3)
             for name, m in medians.items()
