@@ -50,9 +50,19 @@ async def test_a_consumer_of_every_environment_waits_for_the_freed_slot_without_
     (held,) = await holder.dequeue(1, env=env, queues=["a"])
     rq: RunQueue = await make_queue()
     consumer = Consumer(rq, idle_timeout=30, maintenance_interval=3600)
+    entered_wait = asyncio.Event()
+    wait_for_hint = consumer.wait_for_hint
+
+    async def noting_the_wait(wait: float) -> None:
+        entered_wait.set()
+        await wait_for_hint(wait)
+
+    consumer.wait_for_hint = noting_the_wait  # type: ignore[method-assign]
     async with consumer:
         waiting = asyncio.create_task(consumer.next_batch(5, timeout=20))
-        await asyncio.sleep(0.1)
+        # its first maintenance and its (gated) dequeue are done once it starts to wait;
+        # a fixed sleep here raced them on a slow machine
+        await asyncio.wait_for(entered_wait.wait(), 10)
         await reset_stats(rq.client)
         await asyncio.sleep(0.5)
         calls = await command_counts(rq.client)
