@@ -89,8 +89,8 @@ async def test_an_async_run_sees_cancelled_error_and_ends_cancelled(app: Fairq) 
         assert info is not None
         assert info.cancel_requested or info.status is RunStatus.CANCELLED, info
         await cancelled(handle)
-        # within a heartbeat (0.5 s) and then some
-        assert time.monotonic() - began < LEASE_MS / 3000 + 1.0
+        # on the channel or the next heartbeat (0.5 s): long before its 60 s sleep ends
+        assert time.monotonic() - began < 10
         assert saw == ["CancelledError"]
         # the slot is free again: the next run of the queue takes it
         await asyncio.wait_for(second.wait(), 5)
@@ -147,7 +147,7 @@ async def test_a_run_that_ignores_its_cancellation_is_abandoned_at_the_grace_dea
             assert await handle.cancel() is CancelOutcome.CANCEL_REQUESTED
             error = await cancelled(handle)
             took = time.monotonic() - began
-            assert 0.5 <= took < 3
+            assert 0.5 <= took < 10  # the 0.5 s grace, not the 30 s wait
             assert "did not stop within 0.5s" in str(error)
             assert await running(app, "stubborn") == 0
             assert worker.stats.cancelled == 1

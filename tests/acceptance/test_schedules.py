@@ -234,7 +234,9 @@ async def test_three_workers_run_each_tick_of_a_schedule_once(app: Fairq) -> Non
         if len(seen) >= 3:
             three.set()
 
-    app.schedule(beat, every=1)
+    # catch_up="all": a slow machine that holds all three past a second still runs its
+    # tick (the default, latest, would skip it)
+    app.schedule(beat, every=1, catch_up="all")
     workers = [Worker(app, concurrency=2, idle_timeout=0.2) for _ in range(3)]
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:

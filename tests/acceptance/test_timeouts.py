@@ -54,7 +54,7 @@ async def test_an_async_task_is_cancelled_at_its_deadline(app: Fairq) -> None:
         took = time.monotonic() - began
     assert error.status is RunStatus.TIMED_OUT
     assert saw == ["cancelled"]
-    assert 0.3 <= took < 3
+    assert 0.3 <= took < 10  # its 0.3 s timeout, not its 30 s sleep
     info = await handle.info()
     assert info is not None and info.status is RunStatus.TIMED_OUT
     assert info.error is not None and "timed out after 0.3s" in info.error

@@ -255,7 +255,8 @@ async def test_the_listener_survives_a_cancel_hook_that_raises(make_queue: Any) 
     consumer = Consumer(rq, on_cancel=on_cancel, on_loop_error=lambda: errors.append(1))
     await consumer.start()
     try:
-        await asyncio.sleep(0.2)
+        # the subscription's first hint ("") sets _wake: subscribed
+        await asyncio.wait_for(consumer._wake.wait(), 5)
         await rq.client.publish(rq.keys.wake_channel, "cancel:o:p:e:r1")
 
         async def until(check: Any) -> None:
@@ -265,7 +266,10 @@ async def test_the_listener_survives_a_cancel_hook_that_raises(make_queue: Any) 
                 await asyncio.sleep(0.02)
 
         await until(lambda: errors)
-        await asyncio.sleep(0.3)  # subscribed again after the backoff
+        # the listener set _wake before it counted the error, then sleeps its backoff
+        # (0.05 s): set again, it is subscribed again
+        consumer._wake.clear()
+        await asyncio.wait_for(consumer._wake.wait(), 5)
         await rq.client.publish(rq.keys.wake_channel, "cancel:o:p:e:r2")
         await until(lambda: len(heard) == 2)
         consumer._wake.clear()

@@ -62,25 +62,29 @@ async def test_threads_waiting_on_a_call_in_flight_share_one_script_call(
     assert blocking is not None
     rq: RunQueue = await make_queue()
     await reset_stats(rq.client)
-    await rq.client.execute_command("CLIENT", "PAUSE", "2000", "WRITE")
     results: dict[int, Any] = {}
 
     def trigger(i: int) -> None:
         results[i] = task.trigger_sync({"i": i}, run_id=f"t{i}")
 
     leader = threading.Thread(target=trigger, args=(0,))
-    leader.start()
-    deadline = time.monotonic() + 5
-    while (env, 0, "blk2") not in blocking._sending:  # the leader's call is in flight
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
     others = [threading.Thread(target=trigger, args=(i,)) for i in range(1, 8)]
-    for t in others:
-        t.start()
-    while len(blocking._waiting.get((env, 0, "blk2"), [])) < 7:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
-    await rq.client.execute_command("CLIENT", "UNPAUSE")
+    # long: a pause that lifted itself while the threads start would let the leader's
+    # call return before they wait; lifted below once they do (or a check failed)
+    await rq.client.execute_command("CLIENT", "PAUSE", "30000", "WRITE")
+    try:
+        leader.start()
+        deadline = time.monotonic() + 5
+        while (env, 0, "blk2") not in blocking._sending:  # the leader's call is in flight
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        for t in others:
+            t.start()
+        while len(blocking._waiting.get((env, 0, "blk2"), [])) < 7:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+    finally:
+        await rq.client.execute_command("CLIENT", "UNPAUSE")
     for t in [leader, *others]:
         await asyncio.to_thread(t.join, 10)
     assert sorted(results) == list(range(8))

@@ -135,12 +135,20 @@ async def test_concurrent_calls_share_the_connection_each_with_its_own_reply(
     assert replies == [f"m{i}".encode() for i in range(500)]
 
 
-async def test_a_cancelled_call_leaves_the_replies_in_step(wire: ScriptWire, prefix: str) -> None:
-    slow = asyncio.ensure_future(wire.execute_command("BLPOP", f"{prefix}:wire:empty", 0.3))
+async def test_a_cancelled_call_leaves_the_replies_in_step(
+    client: Any, wire: ScriptWire, prefix: str
+) -> None:
+    key = f"{prefix}:wire:empty"
+    await wire.execute_command("PING")  # connected: the BLPOP is sent at once
+    # blocks far longer than a slow machine's pause: cancelled before any reply
+    slow = asyncio.ensure_future(wire.execute_command("BLPOP", key, 30))
     await asyncio.sleep(0.05)
     slow.cancel()
-    # sent after the cancelled one: its reply comes after BLPOP's (nil), and is its own
-    assert await wire.execute_command("ECHO", "mine") == b"mine"
+    # sent after the cancelled one: its reply comes after BLPOP's (the pushed item), and
+    # is its own
+    mine = asyncio.ensure_future(wire.execute_command("ECHO", "mine"))
+    await client.rpush(key, "x")
+    assert await asyncio.wait_for(mine, 10) == b"mine"
     assert slow.cancelled()
 
 
