@@ -35,7 +35,7 @@ QUEUE = "work"
 CAP = 5
 PARTITIONS = 3
 RUNS = 600
-LEASE_MS = 1_000
+LEASE_MS = 3_000  # 100 times a hold: a live holder descheduled a while keeps its lease
 SHARDS = 8
 
 _SPAWN = multiprocessing.get_context("spawn")
