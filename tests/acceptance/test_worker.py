@@ -308,7 +308,8 @@ async def test_sigterm_lets_in_flight_runs_finish_and_leaves_the_rest_queued(
     slow = client.task(queue="slow")(lambda payload: None)
     proc = start_worker(tmp_path, redis_url, prefix, env, "--concurrency", "2")
     try:
-        handles = [await slow.trigger({"n": n, "seconds": 0.8}) for n in range(5)]
+        # (3 s: the signal lands while the first two run, however slow the machine)
+        handles = [await slow.trigger({"n": n, "seconds": 3}) for n in range(5)]
         await eventually(lambda: len(started(tmp_path)) == 2)
         # When the worker gets SIGTERM mid-run
         proc.send_signal(signal.SIGTERM)
