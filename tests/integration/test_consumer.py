@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from tests.integration.commandstats import total_calls
+from tests.integration.consumer_waits import noting_its_wait, subscribed
 
 from fairq import Fairq
 from fairq.config import RunQueueConfig
@@ -26,28 +27,13 @@ from fairq.worker import Worker
 
 
 async def started(rq: RunQueue, **kwargs: Any) -> Consumer:
-    consumer = await Consumer(rq, **kwargs).start()
-    # let the listener subscribe before anything is published
-    for _ in range(200):
-        if consumer._wake.is_set():
-            break
-        await asyncio.sleep(0.005)
-    return consumer
+    return await subscribed(Consumer(rq, **kwargs))
 
 
 async def waiting(consumer: Consumer, max_count: int = 10, **kwargs: Any) -> asyncio.Task[Any]:
     """A next_batch call that has gone to sleep (found nothing)."""
-    asleep = asyncio.Event()
-    wait_for_hint = consumer.wait_for_hint
-
-    async def noting_the_wait(wait: float) -> None:
-        asleep.set()
-        await wait_for_hint(wait)
-
-    consumer.wait_for_hint = noting_the_wait  # type: ignore[method-assign]
+    asleep = noting_its_wait(consumer)
     task = asyncio.create_task(consumer.next_batch(max_count, **kwargs))
-    # its first maintenance and dequeue are done once it starts to wait; a fixed sleep
-    # here raced them on a slow machine
     await asyncio.wait_for(asleep.wait(), 10)
     assert not task.done()
     return task
