@@ -241,8 +241,9 @@ async def test_close_ends_a_waiting_next_batch(make_queue: Any) -> None:
 
 async def test_an_idle_consumer_costs_the_server_almost_nothing(redis_url: str) -> None:
     """Measured on a private server, so nothing else in the session adds commands.
-    Today's cost: per second 4 master reads + 4 head reads (one pipeline each) and the
-    maintenance timer's lock + 8 due checks: 17 commands."""
+    Today's cost: per second at most 4 master reads + 4 head reads (one pipeline each)
+    and the maintenance timer's lock + 8 due checks: 17 commands (38 - 42 in 3 s measured,
+    printed with -s)."""
     if is_cluster_url(redis_url):
         pytest.skip("counts one server's INFO commandstats")
     with EmbeddedServer() as server:
@@ -262,6 +263,7 @@ async def test_an_idle_consumer_costs_the_server_almost_nothing(redis_url: str) 
             await rq.close()
     # one more second's worth for a wake-up at either edge of the window (a slow
     # machine stretches the window, not the consumer's rate)
+    print(f"\nidle: {after - before} commands in {elapsed:.2f} s")
     assert after - before < 20 * (elapsed + 1), (after - before, elapsed)
 
 
