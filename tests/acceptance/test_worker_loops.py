@@ -25,10 +25,11 @@ from fairq.schedules import Scheduler
 from fairq.store import RunQueue
 from fairq.worker import Worker, current_run
 
-#: A lease short enough that a dead heartbeat shows within the run (heartbeat every 0.5 s).
-LEASE_MS = 1500
+#: A lease short enough that a dead heartbeat shows within the run (heartbeat every 1 s),
+#: and long enough that a live one survives the test process stalling for a second.
+LEASE_MS = 3000
 #: A run that outlives its lease several times over.
-LONG_RUN_S = 4.0
+LONG_RUN_S = 9.0
 
 
 @pytest.fixture
@@ -120,7 +121,7 @@ async def test_a_progress_note_with_a_lone_surrogate_is_refused_and_the_leases_r
 async def test_the_heartbeat_drops_a_bad_note_and_still_renews_every_lease(
     app: Fairq, note: tuple[object, object]
 ) -> None:
-    """A bad note put among the worker's notes over and over (every 0.1 s of a run four
+    """A bad note put among the worker's notes over and over (every 0.1 s of a run three
     leases long) never stops the heartbeat: the run is delivered once and completes,
     and a good run beside it keeps its lease too."""
     tokens: list[int] = []
