@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from tests.acceptance.workers import RunningWorker
+from tests.consumer_waits import subscribed
 
 from fairq.app import Fairq, Schedule
 from fairq.config import RunQueueConfig
@@ -254,10 +255,8 @@ async def test_the_listener_survives_a_cancel_hook_that_raises(make_queue: Any) 
             raise RuntimeError("injected hook failure")
 
     consumer = Consumer(rq, on_cancel=on_cancel, on_loop_error=lambda: errors.append(1))
-    await consumer.start()
     try:
-        # the subscription's first hint ("") sets _wake: subscribed
-        await asyncio.wait_for(consumer._wake.wait(), 5)
+        await subscribed(consumer)
         await rq.client.publish(rq.keys.wake_channel, "cancel:o:p:e:r1")
 
         async def until(check: Any) -> None:

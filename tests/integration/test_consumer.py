@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from tests.consumer_waits import noting_its_wait, subscribed
 from tests.integration.commandstats import total_calls
-from tests.integration.consumer_waits import noting_its_wait, subscribed
 
 from fairq import Fairq
 from fairq.config import RunQueueConfig

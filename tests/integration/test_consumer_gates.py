@@ -8,8 +8,8 @@ import asyncio
 import time
 from typing import Any
 
+from tests.consumer_waits import noting_its_wait, subscribed
 from tests.integration.commandstats import command_counts, reset_stats
-from tests.integration.consumer_waits import noting_its_wait, subscribed
 
 from fairq.consumer import Consumer
 from fairq.keys import Environment
